@@ -1,0 +1,7 @@
+"""``python -m cpupin``: the same as the ``cpupin`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

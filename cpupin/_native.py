@@ -1,0 +1,505 @@
+"""The one module that touches the compiled extension, ``cpupin._cpupin``.
+
+Everything here is a thin wrapper: the C functions return 0 (or a count) or
+``-errno``, and :func:`raise_oserror` turns a negative one into the
+``OSError`` subclass the errno names (``ProcessLookupError``,
+``PermissionError``, ...) with the thread or process in the message.
+
+cffi releases the GIL around every call (about 60 ns here), so the wrappers
+keep the number of calls and allocations per operation at one: buffers are
+per thread and reused, masks cross as 64-bit words, and the ``frozenset`` of a
+mask already seen comes from a small cache.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import threading
+from collections.abc import Iterable
+from typing import NamedTuple, NoReturn
+
+from ._cpupin import ffi, lib
+from .cpulist import MAX_CPUS, as_cpu, format_cpulist, parse_cpulist
+from .errors import UnsupportedPlatform
+
+__all__ = [
+    "HAVE_AFFINITY",
+    "SchedStat",
+    "ThreadStat",
+    "UnsupportedPlatform",
+    "cpu_set",
+    "get_affinity",
+    "getcpu",
+    "gettid",
+    "online_cpus",
+    "raise_oserror",
+    "schedstat",
+    "set_affinity",
+    "thread_stats",
+]
+
+#: Whether the extension was built with thread affinity (Linux).
+HAVE_AFFINITY: bool = bool(lib.CPUPIN_HAVE_AFFINITY)
+
+_SYS_CPU = "/sys/devices/system/cpu"
+_MAX_WORDS = MAX_CPUS // 64
+
+
+def raise_oserror(rc: int, what: str) -> NoReturn:
+    """Raise the ``OSError`` for ``rc`` (a ``-errno`` from C) about ``what``."""
+    err = -rc
+    if err == errno.ENOSYS and not HAVE_AFFINITY:
+        raise UnsupportedPlatform(what)
+    raise OSError(err, os.strerror(err), what)
+
+
+def _who(tid: int) -> str:
+    return "the calling thread" if tid == 0 else f"tid {tid}"
+
+
+def _as_tid(tid: object) -> int:
+    if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+        raise ValueError(f"tid {tid!r} is not a thread id: give a tid from 1, or 0 for the caller")
+    return int(tid)
+
+
+def _read_cpulist(name: str) -> frozenset[int] | None:
+    try:
+        with open(f"{_SYS_CPU}/{name}") as f:
+            return parse_cpulist(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+# --- the calling thread ----------------------------------------------------
+
+_tls = threading.local()
+
+
+def _forget_thread_state() -> None:
+    # A forked child's only thread has a new tid.
+    global _tls
+    _tls = threading.local()
+
+
+def gettid() -> int:
+    """The calling thread's kernel tid (``threading.get_native_id()``).
+
+    Cached per thread: a thread's tid never changes (a forked child's thread
+    gets its own).
+    """
+    try:
+        return _tls.tid  # type: ignore[no-any-return]
+    except AttributeError:
+        tid = lib.cpupin_gettid()
+        if tid < 0:
+            tid = threading.get_native_id()
+        _tls.tid = tid
+        return tid
+
+
+def _getcpu_unsupported() -> int:
+    raise UnsupportedPlatform("getcpu()")
+
+
+#: ``getcpu() -> int``: the CPU the calling thread runs on now
+#: (``sched_getcpu``, from the vDSO without a syscall where the kernel offers
+#: it). The C function itself, so a call costs one cffi call and no more.
+getcpu = lib.cpupin_getcpu if HAVE_AFFINITY and lib.cpupin_getcpu() >= 0 else _getcpu_unsupported
+
+
+# --- affinity --------------------------------------------------------------
+
+_online: frozenset[int] | None = _read_cpulist("online")
+
+
+def online_cpus(refresh: bool = False) -> frozenset[int]:
+    """The CPUs online now (``/sys/devices/system/cpu/online``).
+
+    Read once and cached; ``refresh=True`` reads it again. Where sysfs is
+    missing, the CPUs of the calling thread's mask stand in.
+    """
+    global _online
+    if refresh or _online is None:
+        _online = _read_cpulist("online")
+    if _online is None:
+        return frozenset(os.sched_getaffinity(0))
+    return _online
+
+
+def _initial_words() -> int:
+    possible = _read_cpulist("possible")
+    top = max(possible) + 1 if possible else 1024
+    return min(max(1, -(-top // 64)), _MAX_WORDS)
+
+
+# The kernel's CPU-set size in 64-bit words; grown on EINVAL.
+_nwords = _initial_words()
+_WORDS = ffi.typeof("uint64_t[]")
+
+
+def _thread_words() -> tuple[object, int]:
+    pair = (ffi.new(_WORDS, _nwords), _nwords)
+    _tls.words = pair
+    return pair
+
+
+# frozensets of masks already seen, keyed by their significant words.
+_masks: dict[object, frozenset[int]] = {}
+
+
+def _key_set(key: int | tuple[int, ...]) -> frozenset[int]:
+    words = (key,) if isinstance(key, int) else key
+    cpus = []
+    for i, word in enumerate(words):
+        while word:
+            bit = word & -word
+            cpus.append(64 * i + bit.bit_length() - 1)
+            word ^= bit
+    cpus_set = frozenset(cpus)
+    if len(_masks) >= 4096:
+        _masks.clear()
+    _masks[key] = cpus_set
+    return cpus_set
+
+
+def _grow_words(tid: int) -> None:
+    global _nwords
+    if _nwords >= _MAX_WORDS:
+        raise_oserror(-errno.EINVAL, _who(tid))
+    _nwords = min(2 * _nwords, _MAX_WORDS)
+    _thread_words()
+    _encoded.clear()
+
+
+def get_affinity(tid: int = 0) -> frozenset[int]:
+    """The CPUs a thread of this process may run on.
+
+    ``tid`` 0 is the calling thread (``pthread_getaffinity_np``); any other is
+    a kernel tid (``sched_getaffinity``). Raises ``ProcessLookupError`` naming
+    the tid when it is gone.
+    """
+    if type(tid) is not int:
+        tid = _as_tid(tid)
+    try:
+        buf, n = _tls.words
+    except AttributeError:
+        buf, n = _thread_words()
+    rc = lib.cpupin_get_affinity(tid, n, buf)
+    if rc == 1:
+        key = buf[0]
+    elif rc > 1:
+        key = tuple(ffi.unpack(buf, rc))
+    else:
+        return _get_affinity_slow(tid, rc)
+    cpus = _masks.get(key)
+    return cpus if cpus is not None else _key_set(key)
+
+
+def _get_affinity_slow(tid: int, rc: int) -> frozenset[int]:
+    if rc == 0:
+        return frozenset()
+    if tid < 0:
+        _as_tid(tid)
+    if rc == -errno.EINVAL:
+        _grow_words(tid)
+        return get_affinity(tid)
+    raise_oserror(rc, _who(tid))
+
+
+# Encoded masks: frozenset -> (input words, nwords, significant key).
+_encoded: dict[frozenset[int], tuple[object, int, object]] = {}
+
+
+def cpu_set(cpus: Iterable[int] | str) -> frozenset[int]:
+    """``cpus`` (CPU numbers or a list such as ``"0-3"``) as a frozenset,
+    with ``ValueError`` for anything that is not a CPU number."""
+    kind = type(cpus)
+    if kind is frozenset or kind is set:
+        for cpu in cpus:  # type: ignore[union-attr]
+            if type(cpu) is not int or cpu < 0:
+                break
+        else:
+            return cpus if kind is frozenset else frozenset(cpus)  # type: ignore[return-value]
+    if isinstance(cpus, str):
+        return parse_cpulist(cpus)
+    try:
+        items = iter(cpus)
+    except TypeError:
+        raise ValueError(f"{cpus!r} is not a set of CPUs: give CPU numbers or a list like '0-3'") from None
+    return frozenset(map(as_cpu, items))
+
+
+def _encode(cpus: frozenset[int], tid: int) -> tuple[object, int, object]:
+    if not cpus:
+        raise ValueError(f"an empty set of CPUs for {_who(tid)}: give at least one online CPU")
+    online = online_cpus()
+    if not cpus <= online:
+        online = online_cpus(refresh=True)
+        offline = cpus - online
+        if offline:
+            raise ValueError(
+                f"CPU {format_cpulist(offline)} is not online: the online CPUs are "
+                f"{format_cpulist(online)}"
+            )
+    top = max(cpus)
+    if top >= 64 * _nwords:
+        raise ValueError(
+            f"CPU {top} is past the {64 * _nwords} CPUs this kernel supports: the online CPUs "
+            f"are {format_cpulist(online)}"
+        )
+    words = [0] * _nwords
+    for cpu in cpus:
+        words[cpu >> 6] |= 1 << (cpu & 63)
+    used = len(words)
+    while words[used - 1] == 0:
+        used -= 1
+    key: object = words[0] if used == 1 else tuple(words[:used])
+    entry = (ffi.new(_WORDS, words), _nwords, key)
+    if len(_encoded) >= 1024:
+        _encoded.clear()
+    _encoded[cpus] = entry
+    return entry
+
+
+def set_affinity(cpus: Iterable[int] | str, tid: int = 0) -> None:
+    """Let a thread of this process run only on ``cpus``.
+
+    ``cpus`` is any iterable of CPU numbers or a CPU list such as ``"0-3"``;
+    ``tid`` 0 is the calling thread (``pthread_setaffinity_np``), any other a
+    kernel tid (``sched_setaffinity``). Affects that one thread only.
+
+    Validates before it acts: an empty set, a negative number, a bool or a
+    CPU that is not online raises ``ValueError`` naming it and the online
+    CPUs. The kernel silently drops CPUs outside the process's cpuset, so the
+    mask is read back, and a mask that differs raises ``ValueError`` saying
+    which CPUs were dropped and where the thread now runs.
+    """
+    if type(tid) is not int:
+        tid = _as_tid(tid)
+    wanted = cpu_set(cpus)
+    entry = _encoded.get(wanted)
+    if entry is None:
+        entry = _encode(wanted, tid)
+    words, n, key = entry
+    try:
+        out, have = _tls.words
+    except AttributeError:
+        out, have = _thread_words()
+    if have < n:
+        out, have = _thread_words()
+    rc = lib.cpupin_set_affinity(tid, n, words, out)
+    if rc == 1:
+        if out[0] == key:
+            return
+    elif rc > 1:
+        if tuple(ffi.unpack(out, rc)) == key:
+            return
+    _set_affinity_slow(wanted, tid, rc, out)
+
+
+def _set_affinity_slow(wanted: frozenset[int], tid: int, rc: int, out: object) -> None:
+    if tid < 0:
+        _as_tid(tid)
+    if rc == -errno.EINVAL:
+        online = online_cpus(refresh=True)
+        if not wanted <= online:
+            _encoded.pop(wanted, None)
+            _encode(wanted, tid)  # raises, naming the CPU that went offline
+        try:
+            get_affinity(tid)  # grows the set size if that was the reason
+        except OSError:
+            pass
+        else:
+            if _encoded.get(wanted) is None:
+                set_affinity(wanted, tid)
+                return
+        raise ValueError(
+            f"none of CPU {format_cpulist(wanted)} is in this process's cpuset, so "
+            f"{_who(tid)} cannot run there: use CPUs this process may run on "
+            "(cpupin.process_cpus())"
+        )
+    if rc < 0:
+        raise_oserror(rc, _who(tid))
+    got = _key_set(ffi.unpack(out, rc)[0] if rc == 1 else tuple(ffi.unpack(out, rc)))
+    raise ValueError(
+        f"the kernel dropped CPU {format_cpulist(wanted - got)} from the mask of "
+        f"{_who(tid)} (outside this process's cpuset); the thread now runs on "
+        f"{format_cpulist(got)}: pin to CPUs of cpupin.process_cpus()"
+    )
+
+
+# --- schedstat -------------------------------------------------------------
+
+
+class SchedStat(NamedTuple):
+    """One thread's ``/proc/<pid>/task/<tid>/schedstat``."""
+
+    run_ns: int
+    """Time spent running on a CPU."""
+    wait_ns: int
+    """Time spent runnable, waiting in a run queue."""
+    timeslices: int
+    """Times it was put on a CPU."""
+
+
+class ThreadStat(NamedTuple):
+    """One thread of a process, as :func:`thread_stats` reads it."""
+
+    tid: int
+    name: str
+    run_ns: int
+    wait_ns: int
+    timeslices: int
+    last_cpu: int | None
+    """The CPU it last ran on (field 39 of ``stat``); ``None`` unless asked."""
+
+
+_ULL3 = ffi.typeof("unsigned long long[3]")
+
+
+def schedstat(tid: int = 0, pid: int | None = None) -> SchedStat:
+    """A thread's CPU time, run-queue wait and timeslices from schedstat.
+
+    ``tid`` 0 is the calling thread; ``pid`` ``None`` is this process. Raises
+    ``ProcessLookupError`` naming the tid when the thread is gone.
+    """
+    if type(tid) is not int:
+        tid = _as_tid(tid)
+    if pid is None:
+        pid = 0
+    elif isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise ValueError(f"pid {pid!r} is not a process id: give a pid from 1, or None")
+    if tid == 0 and pid:
+        raise ValueError(f"tid 0 means the calling thread: name a tid of pid {pid}")
+    try:
+        out = _tls.ull3
+    except AttributeError:
+        out = _tls.ull3 = ffi.new(_ULL3)
+    rc = lib.cpupin_schedstat(pid, tid, out)
+    if rc < 0:
+        if tid < 0:
+            _as_tid(tid)
+        raise_oserror(rc, _who(tid) + (f" of pid {pid}" if pid else ""))
+    return SchedStat(out[0], out[1], out[2])
+
+
+class _Tasks:
+    """The C reader of one process's tasks; its descriptors stay open."""
+
+    __slots__ = ("handle", "lock", "cap", "vals", "names", "need")
+
+    def __init__(self, pid: int) -> None:
+        err = ffi.new("int *")
+        handle = lib.cpupin_tasks_open(pid, _fd_budget(), err)
+        if handle == ffi.NULL:
+            raise_oserror(err[0], f"pid {pid}")
+        self.handle = ffi.gc(handle, lib.cpupin_tasks_close)
+        self.lock = threading.Lock()
+        self.need = ffi.new("int *")
+        self._size(64)
+
+    def _size(self, threads: int) -> None:
+        self.cap = threads
+        self.vals = ffi.new("long long[]", 5 * threads)
+        self.names = ffi.new("char[]", 65 * threads)
+
+    def read(self, last_cpu: bool) -> tuple[list[int], list[str]] | int:
+        with self.lock:
+            while True:
+                rc = lib.cpupin_tasks_read(
+                    self.handle, last_cpu, self.vals, self.names, 65 * self.cap, self.cap, self.need
+                )
+                if rc != -errno.ENOSPC:
+                    break
+                self._size(2 * self.need[0])
+            if rc < 0:
+                return rc
+            vals = ffi.unpack(self.vals, 5 * rc)
+            names = ffi.buffer(self.names, self.need[0])[:].decode("utf-8", "replace")
+        return vals, names.split("\0")
+
+
+def _fd_budget() -> int:
+    # Descriptors one reader may keep open: an eighth of the soft limit, so
+    # that two readers never take more than a quarter of the process's.
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 8192
+    return max(0, soft // 8)
+
+
+_readers: dict[int, _Tasks] = {}
+_readers_lock = threading.Lock()
+
+
+def _forget_readers() -> None:
+    # A forked child must not read its parent's tasks through inherited fds.
+    global _readers_lock
+    _readers.clear()
+    _readers_lock = threading.Lock()
+
+
+def _reader(pid: int) -> _Tasks:
+    reader = _readers.get(pid)
+    if reader is None:
+        reader = _Tasks(pid)
+        with _readers_lock:
+            if len(_readers) >= 2:
+                # Keep this process's reader; drop the oldest other one.
+                own = os.getpid()
+                for other in list(_readers):
+                    if other != own:
+                        del _readers[other]
+                        break
+            _readers[pid] = reader
+    return reader
+
+
+def thread_stats(pid: int | None = None, *, last_cpu: bool = False) -> list[ThreadStat]:
+    """Every thread of a process, in one native call, sorted by tid.
+
+    Each :class:`ThreadStat` has the tid, the name (``comm``), the CPU time,
+    run-queue wait and timeslices of ``schedstat`` and, with
+    ``last_cpu=True``, the CPU the thread last ran on (field 39 of ``stat``,
+    which costs the kernel about four times as much to produce as
+    ``schedstat``, so it is read only when asked).
+
+    The descriptors of each task stay open between calls (within an eighth of
+    the open-files limit), so a repeated call costs one ``pread`` a file. A
+    thread that exits while being read is left out, never an exception;
+    ``ProcessLookupError`` means the process itself is gone.
+    """
+    own = os.getpid()
+    if pid is None:
+        pid = own
+    elif isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise ValueError(f"pid {pid!r} is not a process id: give a pid from 1, or None")
+    result = _reader(pid).read(last_cpu)
+    if isinstance(result, int):
+        _readers.pop(pid, None)
+        if result != -errno.ESRCH:
+            raise_oserror(result, f"pid {pid}")
+        # The process is gone, or its pid now names another one: open afresh.
+        result = _reader(pid).read(last_cpu)
+        if isinstance(result, int):
+            _readers.pop(pid, None)
+            raise_oserror(result, f"pid {pid}")
+    vals, names = result
+    it = iter(vals)
+    new = tuple.__new__
+    if last_cpu:
+        return [
+            new(ThreadStat, (tid, name, run, wait, slices, None if cpu < 0 else cpu))
+            for (tid, run, wait, slices, cpu), name in zip(zip(it, it, it, it, it), names)
+        ]
+    return [
+        new(ThreadStat, (tid, name, run, wait, slices, None))
+        for (tid, run, wait, slices, _), name in zip(zip(it, it, it, it, it), names)
+    ]
+
+
+os.register_at_fork(after_in_child=_forget_thread_state)
+os.register_at_fork(after_in_child=_forget_readers)

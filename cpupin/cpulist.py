@@ -1,0 +1,126 @@
+"""CPU lists (``"0-3,8-11"``) and sysfs hex masks, strictly parsed.
+
+The kernel writes both forms; users type the first. A bad list is an error
+that quotes the text, never a set that is silently different.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Iterable
+
+__all__ = ["MAX_CPUS", "as_cpu", "format_cpulist", "parse_cpulist", "parse_cpumask"]
+
+#: One past the highest CPU number accepted. Linux allows at most 8192 CPUs
+#: today; the bound keeps a typo such as ``0-4000000000`` from building a
+#: set of four billion numbers.
+MAX_CPUS = 1 << 16
+
+_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?\Z", re.ASCII)
+_WORD = re.compile(r"[0-9a-fA-F]{1,8}\Z", re.ASCII)
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """Parse a CPU list such as ``"0-3,8-11"`` (the kernel's ``cpulist``).
+
+    Surrounding white space and a trailing newline are fine and the empty
+    string is the empty set (a NUMA node without CPUs). A reversed range, a
+    stride (``0-7:2``), a sign, a number of :data:`MAX_CPUS` or more, or
+    anything else raises :class:`ValueError` quoting the text.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"a CPU list is a str such as '0-3,8', not {type(text).__name__}")
+    body = text.strip()
+    if not body:
+        return frozenset()
+    cpus: set[int] = set()
+    for item in body.split(","):
+        m = _ITEM.match(item.strip())
+        if m is None:
+            raise ValueError(
+                f"bad CPU list {text!r}: {item!r} is not a CPU number or a range like 0-3"
+            )
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) is not None else first
+        if last < first:
+            raise ValueError(f"bad CPU list {text!r}: the range {item!r} runs backwards")
+        if last >= MAX_CPUS:
+            raise ValueError(f"bad CPU list {text!r}: CPU {last} is past the limit of {MAX_CPUS}")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
+def parse_cpumask(text: str) -> frozenset[int]:
+    """Parse a sysfs hex mask such as ``"00000000,0000ff00"``.
+
+    Comma-separated 32-bit words, most significant first, of any width; the
+    empty string is the empty set. Anything else raises :class:`ValueError`
+    quoting the text.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"a CPU mask is a str such as 'ff,00000000', not {type(text).__name__}")
+    body = text.strip()
+    if not body:
+        return frozenset()
+    words = body.split(",")
+    if len(words) * 32 > MAX_CPUS:
+        raise ValueError(f"bad CPU mask {text[:40]!r}...: wider than {MAX_CPUS} CPUs")
+    value = 0
+    for word in words:
+        if _WORD.match(word) is None:
+            raise ValueError(
+                f"bad CPU mask {text!r}: {word!r} is not a word of one to eight hex digits"
+            )
+        value = (value << 32) | int(word, 16)
+    return frozenset(_bits(value))
+
+
+def _bits(value: int) -> Iterable[int]:
+    cpu = 0
+    while value:
+        low = value & 0xFFFFFFFFFFFFFFFF
+        while low:
+            bit = low & -low
+            yield cpu + bit.bit_length() - 1
+            low ^= bit
+        value >>= 64
+        cpu += 64
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """Format CPUs as the kernel does: sorted, runs as ranges (``"0-3,8-11"``).
+
+    Raises :class:`ValueError` for a negative number or a bool.
+    """
+    ordered = sorted(set(_checked(cpus)))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def as_cpu(value: object) -> int:
+    """``value`` as a CPU number, or :class:`ValueError` naming it.
+
+    Anything with ``__index__`` (numpy integers too) passes; a bool, a float,
+    a string or a negative number does not.
+    """
+    if not isinstance(value, bool):
+        try:
+            cpu = operator.index(value)  # type: ignore[call-overload]
+        except TypeError:
+            pass
+        else:
+            if cpu >= 0:
+                return cpu
+    raise ValueError(f"{value!r} is not a CPU number (a whole number from 0)")
+
+
+def _checked(cpus: Iterable[int]) -> Iterable[int]:
+    return map(as_cpu, cpus)

@@ -1,0 +1,67 @@
+"""The process mask: the CPUs this process may use as a whole.
+
+A thread's own mask changes when it is pinned; the process mask does not. It
+is recorded once, at import, from the main thread (whose tid is the pid), so
+that importing cpupin from a thread that is already pinned, or pinning any
+thread later, never changes it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+
+from . import _native
+from .cpulist import format_cpulist
+
+__all__ = ["process_cpus", "set_process_cpus"]
+
+_lock = threading.Lock()
+
+
+def _record() -> frozenset[int] | None:
+    if not _native.HAVE_AFFINITY:
+        return None
+    try:
+        return _native.get_affinity(os.getpid())
+    except OSError:
+        # The main thread has exited (a zombie leader): the caller's mask.
+        return _native.get_affinity(0)
+
+
+_process_cpus: frozenset[int] | None = _record()
+
+
+def process_cpus() -> frozenset[int]:
+    """The CPUs this process may use as a whole (recorded at import).
+
+    New threads started through cpupin return here; plans and pools are
+    sized from it. :func:`set_process_cpus` overrides it.
+    """
+    cpus = _process_cpus
+    if cpus is None:
+        raise _native.UnsupportedPlatform("process_cpus()")
+    return cpus
+
+
+def set_process_cpus(cpus: Iterable[int] | str) -> frozenset[int]:
+    """Override the recorded process mask, for a runtime that knows better.
+
+    Takes CPU numbers or a list such as ``"0-15"``; each must be online.
+    Affects what cpupin treats as the whole process, not any thread's mask.
+    Returns the new mask.
+    """
+    wanted = _native.cpu_set(cpus)
+    if not wanted:
+        raise ValueError("an empty process mask: give at least one online CPU")
+    online = _native.online_cpus(refresh=True)
+    if not wanted <= online:
+        raise ValueError(
+            f"CPU {format_cpulist(wanted - online)} is not online: the online CPUs are "
+            f"{format_cpulist(online)}"
+        )
+    global _process_cpus
+    with _lock:
+        _process_cpus = wanted
+    return wanted

@@ -1,0 +1,428 @@
+/* The C layer of cpupin: thin wrappers over the kernel calls that Python
+ * cannot make cheaply. Each returns 0 (or a count) or -errno; policy,
+ * validation and messages live in cpupin/_native.py. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__linux__)
+#define CPUPIN_HAVE_AFFINITY 1
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define CPUPIN_HAVE_AFFINITY 0
+#endif
+
+typedef struct cpupin_tasks cpupin_tasks;
+
+int cpupin_noop(void) { return 0; }
+
+#if CPUPIN_HAVE_AFFINITY
+
+long cpupin_gettid(void) { return (long)syscall(SYS_gettid); }
+
+int cpupin_getcpu(void)
+{
+    int cpu = sched_getcpu();
+    return cpu >= 0 ? cpu : -errno;
+}
+
+/* Sets of up to this many words (16384 CPUs) live on the stack. */
+#define STACK_WORDS 256
+#define WORD_BITS (8 * sizeof(unsigned long))
+
+/* The kernel's cpu_set_t is an array of unsigned long; convert to and from
+ * 64-bit words whatever the width and byte order of a long. */
+static void to_words(const unsigned long *set, int nwords, uint64_t *out)
+{
+    memset(out, 0, nwords * sizeof *out);
+    for (size_t i = 0; i < (size_t)nwords * 64 / WORD_BITS; i++)
+        out[i * WORD_BITS / 64] |= (uint64_t)set[i] << (i * WORD_BITS % 64);
+}
+
+static void from_words(const uint64_t *in, int nwords, unsigned long *set)
+{
+    for (size_t i = 0; i < (size_t)nwords * 64 / WORD_BITS; i++)
+        set[i] = (unsigned long)(in[i * WORD_BITS / 64] >> (i * WORD_BITS % 64));
+}
+
+static int significant(const uint64_t *words, int nwords)
+{
+    while (nwords > 0 && words[nwords - 1] == 0)
+        nwords--;
+    return nwords;
+}
+
+static int get_set(int tid, unsigned long *set, size_t size)
+{
+    memset(set, 0, size);
+    if (tid == 0)
+        return -pthread_getaffinity_np(pthread_self(), size, (cpu_set_t *)set);
+    return sched_getaffinity(tid, size, (cpu_set_t *)set) == 0 ? 0 : -errno;
+}
+
+int cpupin_get_affinity(int tid, int nwords, uint64_t *out)
+{
+    unsigned long stack[STACK_WORDS * 64 / WORD_BITS];
+    size_t size = (size_t)nwords * 8;
+    unsigned long *set;
+    int rc;
+
+    if (nwords <= 0)
+        return -EINVAL;
+    set = nwords <= STACK_WORDS ? stack : malloc(size);
+    if (set == NULL)
+        return -ENOMEM;
+    rc = get_set(tid, set, size);
+    if (rc == 0) {
+        to_words(set, nwords, out);
+        rc = significant(out, nwords);
+    }
+    if (set != stack)
+        free(set);
+    return rc;
+}
+
+int cpupin_set_affinity(int tid, int nwords, const uint64_t *in, uint64_t *out)
+{
+    unsigned long stack[STACK_WORDS * 64 / WORD_BITS];
+    size_t size = (size_t)nwords * 8;
+    unsigned long *set;
+    int rc;
+
+    if (nwords <= 0)
+        return -EINVAL;
+    set = nwords <= STACK_WORDS ? stack : malloc(size);
+    if (set == NULL)
+        return -ENOMEM;
+    from_words(in, nwords, set);
+    if (tid == 0)
+        rc = -pthread_setaffinity_np(pthread_self(), size, (cpu_set_t *)set);
+    else
+        rc = sched_setaffinity(tid, size, (cpu_set_t *)set) == 0 ? 0 : -errno;
+    /* The kernel drops CPUs outside the cpuset without a word: read back. */
+    if (rc == 0)
+        rc = get_set(tid, set, size);
+    if (rc == 0) {
+        to_words(set, nwords, out);
+        rc = significant(out, nwords);
+    }
+    if (set != stack)
+        free(set);
+    return rc;
+}
+
+/* Parses "run wait slices\n"; returns 0 or -EINVAL. */
+static int parse_schedstat(const char *p, unsigned long long *out3)
+{
+    for (int i = 0; i < 3; i++) {
+        char *end;
+        while (*p == ' ')
+            p++;
+        if (*p < '0' || *p > '9')
+            return -EINVAL;
+        out3[i] = strtoull(p, &end, 10);
+        p = end;
+    }
+    return 0;
+}
+
+/* A task that is gone shows as ENOENT on open and ESRCH on read. */
+static int gone(int err) { return err == ENOENT ? -ESRCH : -err; }
+
+int cpupin_schedstat(int pid, int tid, unsigned long long *out3)
+{
+    char path[64], buf[128];
+    ssize_t len;
+    int fd;
+
+    if (tid == 0)
+        snprintf(path, sizeof path, "/proc/thread-self/schedstat");
+    else if (pid == 0)
+        snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", tid);
+    else
+        snprintf(path, sizeof path, "/proc/%d/task/%d/schedstat", pid, tid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return gone(errno);
+    len = read(fd, buf, sizeof buf - 1);
+    if (len < 0) {
+        int err = errno;
+        close(fd);
+        return gone(err);
+    }
+    close(fd);
+    buf[len] = '\0';
+    return parse_schedstat(buf, out3);
+}
+
+/* --- every task of one process ------------------------------------------ */
+
+enum { F_SCHED, F_COMM, F_STAT, NFILES };
+static const char *const file_names[NFILES] = {"schedstat", "comm", "stat"};
+
+struct task {
+    int tid;
+    int fd[NFILES]; /* -1 when not kept open */
+};
+
+struct cpupin_tasks {
+    int dirfd;
+    int max_open, nopen;
+    struct task *tasks;
+    int ntasks, cap;
+    int *tids;
+    int tids_cap;
+};
+
+cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err)
+{
+    char path[48];
+    cpupin_tasks *t;
+
+    if (pid == 0)
+        snprintf(path, sizeof path, "/proc/self/task");
+    else
+        snprintf(path, sizeof path, "/proc/%d/task", pid);
+    t = calloc(1, sizeof *t);
+    if (t == NULL) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    t->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (t->dirfd < 0) {
+        *err = gone(errno);
+        free(t);
+        return NULL;
+    }
+    t->max_open = max_open;
+    *err = 0;
+    return t;
+}
+
+static void close_task(cpupin_tasks *t, struct task *k)
+{
+    for (int f = 0; f < NFILES; f++) {
+        if (k->fd[f] >= 0) {
+            close(k->fd[f]);
+            t->nopen--;
+            k->fd[f] = -1;
+        }
+    }
+}
+
+void cpupin_tasks_close(cpupin_tasks *t)
+{
+    if (t == NULL)
+        return;
+    for (int i = 0; i < t->ntasks; i++)
+        close_task(t, &t->tasks[i]);
+    close(t->dirfd);
+    free(t->tasks);
+    free(t->tids);
+    free(t);
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Lists the tids in the task folder, sorted; returns the count or -errno. */
+static int list_tids(cpupin_tasks *t)
+{
+    char buf[16384];
+    int n = 0;
+
+    if (lseek(t->dirfd, 0, SEEK_SET) < 0)
+        return -errno;
+    for (;;) {
+        long len = syscall(SYS_getdents64, t->dirfd, buf, sizeof buf);
+        if (len < 0)
+            return -errno;
+        if (len == 0)
+            break;
+        for (long off = 0; off < len;) {
+            struct dirent64 *d = (struct dirent64 *)(buf + off);
+            off += d->d_reclen;
+            if (d->d_name[0] < '1' || d->d_name[0] > '9')
+                continue;
+            if (n == t->tids_cap) {
+                int cap = t->tids_cap ? 2 * t->tids_cap : 64;
+                int *grown = realloc(t->tids, cap * sizeof *grown);
+                if (grown == NULL)
+                    return -ENOMEM;
+                t->tids = grown;
+                t->tids_cap = cap;
+            }
+            t->tids[n++] = atoi(d->d_name);
+        }
+    }
+    qsort(t->tids, n, sizeof *t->tids, cmp_int);
+    return n;
+}
+
+/* Brings t->tasks in line with the n sorted tids, keeping the descriptors
+ * of tasks still listed and closing those of tasks gone. */
+static int merge_tasks(cpupin_tasks *t, int n)
+{
+    struct task *next = malloc((n ? n : 1) * sizeof *next);
+    int i = 0, j = 0;
+
+    if (next == NULL)
+        return -ENOMEM;
+    while (j < n) {
+        if (i < t->ntasks && t->tasks[i].tid < t->tids[j]) {
+            close_task(t, &t->tasks[i++]);
+        } else if (i < t->ntasks && t->tasks[i].tid == t->tids[j]) {
+            next[j++] = t->tasks[i++];
+        } else {
+            next[j].tid = t->tids[j];
+            for (int f = 0; f < NFILES; f++)
+                next[j].fd[f] = -1;
+            j++;
+        }
+    }
+    while (i < t->ntasks)
+        close_task(t, &t->tasks[i++]);
+    free(t->tasks);
+    t->tasks = next;
+    t->ntasks = n;
+    return 0;
+}
+
+static int open_file(cpupin_tasks *t, int tid, int f)
+{
+    char path[40];
+    snprintf(path, sizeof path, "%d/%s", tid, file_names[f]);
+    return openat(t->dirfd, path, O_RDONLY | O_CLOEXEC);
+}
+
+/* Reads one file of a task through its kept descriptor, opening (and keeping,
+ * within the budget) one when it has none. A kept descriptor whose read fails
+ * belonged to a task that is gone, perhaps with its tid reused: it is closed
+ * and the file opened afresh once. Returns the length or -errno. */
+static ssize_t read_file(cpupin_tasks *t, struct task *k, int f, char *buf, size_t size)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = k->fd[f], kept = fd >= 0;
+        ssize_t len;
+        if (!kept) {
+            fd = open_file(t, k->tid, f);
+            if (fd < 0)
+                return gone(errno);
+            if (t->nopen < t->max_open) {
+                k->fd[f] = fd;
+                t->nopen++;
+                kept = 1;
+            }
+        }
+        len = pread(fd, buf, size - 1, 0);
+        if (len > 0) {
+            if (!kept)
+                close(fd);
+            buf[len] = '\0';
+            return len;
+        }
+        if (kept) {
+            close(fd);
+            k->fd[f] = -1;
+            t->nopen--;
+        } else {
+            close(fd);
+            return -ESRCH;
+        }
+    }
+    return -ESRCH;
+}
+
+/* Field 39 of stat, counted after the last ')' so that no name confuses it. */
+static int parse_last_cpu(const char *buf)
+{
+    const char *p = strrchr(buf, ')');
+    int field = 2;
+    if (p == NULL)
+        return -1;
+    for (p++; *p && field < 39; p++)
+        if (*p == ' ')
+            field++;
+    return *p >= '0' && *p <= '9' ? atoi(p) : -1;
+}
+
+int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
+                      char *names, int names_size, int nout, int *need)
+{
+    int n = list_tids(t), rc, count = 0, used = 0;
+    char buf[1024];
+
+    if (n < 0)
+        return n;
+    if (n == 0)
+        return -ESRCH; /* the folder of a process that is gone lists nothing */
+    rc = merge_tasks(t, n);
+    if (rc < 0)
+        return rc;
+    if (n > nout || (size_t)names_size < (size_t)n * 65) {
+        *need = n;
+        return -ENOSPC;
+    }
+    for (int i = 0; i < n; i++) {
+        struct task *k = &t->tasks[i];
+        unsigned long long st[3];
+        long long cpu = -1;
+        ssize_t len;
+
+        if (read_file(t, k, F_SCHED, buf, sizeof buf) < 0 || parse_schedstat(buf, st) < 0)
+            continue; /* exited while being read */
+        len = read_file(t, k, F_COMM, buf, 65);
+        if (len < 0)
+            continue;
+        if (buf[len - 1] == '\n')
+            buf[--len] = '\0';
+        if (last_cpu) {
+            char sbuf[1024];
+            if (read_file(t, k, F_STAT, sbuf, sizeof sbuf) < 0)
+                continue;
+            cpu = parse_last_cpu(sbuf);
+        }
+        memcpy(names + used, buf, len + 1);
+        used += len + 1;
+        vals[5 * count + 0] = k->tid;
+        vals[5 * count + 1] = (long long)st[0];
+        vals[5 * count + 2] = (long long)st[1];
+        vals[5 * count + 3] = (long long)st[2];
+        vals[5 * count + 4] = cpu;
+        count++;
+    }
+    *need = used;
+    return count;
+}
+
+#else /* no thread affinity: stubs, so that the package still imports */
+
+long cpupin_gettid(void) { return -ENOSYS; }
+int cpupin_getcpu(void) { return -ENOSYS; }
+int cpupin_get_affinity(int tid, int nwords, uint64_t *out) { return -ENOSYS; }
+int cpupin_set_affinity(int tid, int nwords, const uint64_t *in, uint64_t *out) { return -ENOSYS; }
+int cpupin_schedstat(int pid, int tid, unsigned long long *out3) { return -ENOSYS; }
+cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err)
+{
+    *err = -ENOSYS;
+    return NULL;
+}
+void cpupin_tasks_close(cpupin_tasks *t) { (void)t; }
+int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
+                      char *names, int names_size, int nout, int *need)
+{
+    return -ENOSYS;
+}
+
+#endif

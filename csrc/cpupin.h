@@ -1,0 +1,32 @@
+/* The cdef header: what Python sees of the C layer. cffi parses it, so it
+ * holds no preprocessor lines; every function returns 0 (or a count) on
+ * success and -errno on failure, never -1 with errno on the side. */
+
+static const int CPUPIN_HAVE_AFFINITY;
+
+int cpupin_noop(void);
+long cpupin_gettid(void);
+int cpupin_getcpu(void);
+
+/* Masks cross as 64-bit words, words[i] holding CPUs 64*i to 64*i+63, so
+ * that no byte order leaks into Python. nwords is the size of the kernel's
+ * CPU set in words; the caller grows it on -EINVAL. Both return how many
+ * words are significant (the highest nonzero one plus one) or -errno; set
+ * reads the mask back into out. tid 0 is the calling thread. */
+int cpupin_get_affinity(int tid, int nwords, uint64_t *out);
+int cpupin_set_affinity(int tid, int nwords, const uint64_t *in, uint64_t *out);
+
+/* One task's /proc/<pid>/task/<tid>/schedstat; tid 0 is the calling thread. */
+int cpupin_schedstat(int pid, int tid, unsigned long long *out3);
+
+/* Every task of one process, with descriptors kept open between reads. */
+typedef struct cpupin_tasks cpupin_tasks;
+cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err);
+void cpupin_tasks_close(cpupin_tasks *t);
+/* Writes 5 numbers a thread into vals (tid, run_ns, wait_ns, timeslices,
+ * last_cpu or -1) and the NUL-terminated names one after another into names
+ * (65 bytes a thread is always enough). Returns the thread count with *need
+ * set to the bytes of names written; -ENOSPC with *need set to the thread
+ * count when nout threads or names_size bytes are too few; or -errno. */
+int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
+                      char *names, int names_size, int nout, int *need);
