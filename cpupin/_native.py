@@ -125,7 +125,9 @@ def online_cpus(refresh: bool = False) -> frozenset[int]:
     if refresh or _online is None:
         _online = _read_cpulist("online")
     if _online is None:
-        return frozenset(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity"):
+            return frozenset(os.sched_getaffinity(0))
+        return frozenset(range(os.cpu_count() or 1))
     return _online
 
 
@@ -169,7 +171,7 @@ def _grow_words(tid: int) -> None:
     global _nwords
     if _nwords >= _MAX_WORDS:
         raise_oserror(-errno.EINVAL, _who(tid))
-    _nwords = min(2 * _nwords, _MAX_WORDS)
+    _nwords = min(max(1, 2 * _nwords), _MAX_WORDS)
     _thread_words()
     _encoded.clear()
 
@@ -228,7 +230,9 @@ def cpu_set(cpus: Iterable[int] | str) -> frozenset[int]:
     try:
         items = iter(cpus)
     except TypeError:
-        raise ValueError(f"{cpus!r} is not a set of CPUs: give CPU numbers or a list like '0-3'") from None
+        raise ValueError(
+            f"{cpus!r} is not a set of CPUs: give CPU numbers or a list like '0-3'"
+        ) from None
     return frozenset(map(as_cpu, items))
 
 
@@ -244,20 +248,16 @@ def _encode(cpus: frozenset[int], tid: int) -> tuple[object, int, object]:
                 f"CPU {format_cpulist(offline)} is not online: the online CPUs are "
                 f"{format_cpulist(online)}"
             )
-    top = max(cpus)
-    if top >= 64 * _nwords:
-        raise ValueError(
-            f"CPU {top} is past the {64 * _nwords} CPUs this kernel supports: the online CPUs "
-            f"are {format_cpulist(online)}"
-        )
-    words = [0] * _nwords
+    # Wide enough for the kernel (_nwords) and for the highest CPU asked.
+    nwords = max(_nwords, max(cpus) // 64 + 1)
+    words = [0] * nwords
     for cpu in cpus:
         words[cpu >> 6] |= 1 << (cpu & 63)
     used = len(words)
     while words[used - 1] == 0:
         used -= 1
     key: object = words[0] if used == 1 else tuple(words[:used])
-    entry = (ffi.new(_WORDS, words), _nwords, key)
+    entry = (ffi.new(_WORDS, words), nwords, key)
     if len(_encoded) >= 1024:
         _encoded.clear()
     _encoded[cpus] = entry
@@ -289,7 +289,7 @@ def set_affinity(cpus: Iterable[int] | str, tid: int = 0) -> None:
     except AttributeError:
         out, have = _thread_words()
     if have < n:
-        out, have = _thread_words()
+        out, have = ffi.new(_WORDS, n), n
     rc = lib.cpupin_set_affinity(tid, n, words, out)
     if rc == 1:
         if out[0] == key:

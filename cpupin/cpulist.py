@@ -64,15 +64,17 @@ def parse_cpumask(text: str) -> frozenset[int]:
     if not body:
         return frozenset()
     words = body.split(",")
-    if len(words) * 32 > MAX_CPUS:
-        raise ValueError(f"bad CPU mask {text[:40]!r}...: wider than {MAX_CPUS} CPUs")
-    value = 0
     for word in words:
         if _WORD.match(word) is None:
             raise ValueError(
                 f"bad CPU mask {text!r}: {word!r} is not a word of one to eight hex digits"
             )
-        value = (value << 32) | int(word, 16)
+    value = int("".join(word.zfill(8) for word in words), 16)
+    if value.bit_length() > MAX_CPUS:
+        raise ValueError(
+            f"bad CPU mask {text[:40]!r}...: CPU {value.bit_length() - 1} is past "
+            f"the limit of {MAX_CPUS}"
+        )
     return frozenset(_bits(value))
 
 

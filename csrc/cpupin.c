@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__linux__)
+#if defined(__linux__) && !defined(CPUPIN_FORCE_STUBS)
 #define CPUPIN_HAVE_AFFINITY 1
 #include <dirent.h>
 #include <fcntl.h>
@@ -247,7 +247,7 @@ static int list_tids(cpupin_tasks *t)
     for (;;) {
         long len = syscall(SYS_getdents64, t->dirfd, buf, sizeof buf);
         if (len < 0)
-            return -errno;
+            return gone(errno);
         if (len == 0)
             break;
         for (long off = 0; off < len;) {

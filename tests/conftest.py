@@ -1,0 +1,29 @@
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("default", max_examples=200, deadline=None)
+settings.register_profile(
+    "ci", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("thorough", max_examples=5000, deadline=None)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default")
+)
+
+
+@pytest.fixture(autouse=True)
+def _restore_affinity():
+    """Every test leaves the calling thread's mask as it found it."""
+    before = os.sched_getaffinity(0)
+    yield
+    os.sched_setaffinity(0, before)
+
+
+@pytest.fixture
+def two_cpus():
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs in the mask")
+    return cpus[:2]

@@ -1,0 +1,79 @@
+"""Small helpers the tests share: oracles read from /proc in plain Python."""
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+
+def proc_schedstat(tid, pid="self"):
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        return tuple(int(x) for x in f.read().split())
+
+
+def proc_last_cpu(tid, pid="self"):
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        text = f.read()
+    return int(text[text.rindex(")") + 2 :].split()[36])
+
+
+def proc_comm(tid, pid="self"):
+    with open(f"/proc/{pid}/task/{tid}/comm") as f:
+        return f.read().rstrip("\n")
+
+
+def proc_tids(pid="self"):
+    return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+
+
+# The read syscall's number, for kernels that show no wchan.
+_READ_SYSCALL = {"x86_64": "0", "aarch64": "63", "ppc64le": "3", "s390x": "3"}.get(
+    os.uname().machine
+)
+
+
+def blocked_in_pipe_read(tid):
+    """Whether the thread sleeps in a pipe read, not on the GIL or a lock."""
+    try:
+        with open(f"/proc/self/task/{tid}/wchan") as f:
+            wchan = f.read()
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            syscall = f.read().split()[0]
+    except OSError:
+        return False
+    return wchan.endswith("pipe_read") or (wchan == "0" and syscall == _READ_SYSCALL)
+
+
+@contextmanager
+def parked_threads(count, name="parked"):
+    """``count`` threads asleep in a pipe read; yields their tids.
+
+    Each is known to be asleep in the kernel (not waiting for the GIL), so
+    its schedstat cannot change until it is released.
+    """
+    read, write = os.pipe()
+    tids = []
+    lock = threading.Lock()
+
+    def park():
+        with lock:
+            tids.append(threading.get_native_id())
+        os.read(read, 1)
+
+    threads = [threading.Thread(target=park, name=f"{name}-{i}") for i in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(100000):
+            if len(tids) == count and all(blocked_in_pipe_read(t) for t in tids):
+                break
+            time.sleep(0.0005)
+        else:
+            raise AssertionError("the parked threads never blocked")
+        yield sorted(tids)
+    finally:
+        os.write(write, b"x" * count)
+        for t in threads:
+            t.join()
+        os.close(read)
+        os.close(write)
