@@ -142,10 +142,13 @@ _nwords = _initial_words()
 _WORDS = ffi.typeof("uint64_t[]")
 
 
-def _thread_words() -> tuple[object, int]:
-    pair = (ffi.new(_WORDS, _nwords), _nwords)
-    _tls.words = pair
-    return pair
+def _thread_io(nwords: int = 0) -> object:
+    """This thread's buffer for the affinity calls: [tid, nwords, mask...]."""
+    n = max(nwords, _nwords)
+    io = ffi.new(_WORDS, 2 + n)
+    io[1] = n
+    _tls.io = io
+    return io
 
 
 # frozensets of masks already seen, keyed by their significant words.
@@ -172,28 +175,29 @@ def _grow_words(tid: int) -> None:
     if _nwords >= _MAX_WORDS:
         raise_oserror(-errno.EINVAL, _who(tid))
     _nwords = min(max(1, 2 * _nwords), _MAX_WORDS)
-    _thread_words()
+    _thread_io()
     _encoded.clear()
 
 
 def get_affinity(tid: int = 0) -> frozenset[int]:
-    """The CPUs a thread of this process may run on.
+    """The CPUs a thread may run on.
 
     ``tid`` 0 is the calling thread (``pthread_getaffinity_np``); any other is
     a kernel tid (``sched_getaffinity``). Raises ``ProcessLookupError`` naming
     the tid when it is gone.
     """
-    if type(tid) is not int:
+    if type(tid) is not int or tid < 0:
         tid = _as_tid(tid)
     try:
-        buf, n = _tls.words
+        io = _tls.io
     except AttributeError:
-        buf, n = _thread_words()
-    rc = lib.cpupin_get_affinity(tid, n, buf)
+        io = _thread_io()
+    io[0] = tid
+    rc = lib.cpupin_get_affinity(io)
     if rc == 1:
-        key = buf[0]
+        key = io[2]
     elif rc > 1:
-        key = tuple(ffi.unpack(buf, rc))
+        key = tuple(io[2 : 2 + rc])
     else:
         return _get_affinity_slow(tid, rc)
     cpus = _masks.get(key)
@@ -203,16 +207,14 @@ def get_affinity(tid: int = 0) -> frozenset[int]:
 def _get_affinity_slow(tid: int, rc: int) -> frozenset[int]:
     if rc == 0:
         return frozenset()
-    if tid < 0:
-        _as_tid(tid)
     if rc == -errno.EINVAL:
         _grow_words(tid)
         return get_affinity(tid)
     raise_oserror(rc, _who(tid))
 
 
-# Encoded masks: frozenset -> (input words, nwords, significant key).
-_encoded: dict[frozenset[int], tuple[object, int, object]] = {}
+# Encoded masks: frozenset -> (its words, the significant ones as a key).
+_encoded: dict[frozenset[int], tuple[list[int], object]] = {}
 
 
 def cpu_set(cpus: Iterable[int] | str) -> frozenset[int]:
@@ -236,7 +238,7 @@ def cpu_set(cpus: Iterable[int] | str) -> frozenset[int]:
     return frozenset(map(as_cpu, items))
 
 
-def _encode(cpus: frozenset[int], tid: int) -> tuple[object, int, object]:
+def _encode(cpus: frozenset[int], tid: int) -> tuple[list[int], object]:
     if not cpus:
         raise ValueError(f"an empty set of CPUs for {_who(tid)}: give at least one online CPU")
     online = online_cpus()
@@ -249,23 +251,21 @@ def _encode(cpus: frozenset[int], tid: int) -> tuple[object, int, object]:
                 f"{format_cpulist(online)}"
             )
     # Wide enough for the kernel (_nwords) and for the highest CPU asked.
-    nwords = max(_nwords, max(cpus) // 64 + 1)
-    words = [0] * nwords
+    words = [0] * max(_nwords, max(cpus) // 64 + 1)
     for cpu in cpus:
         words[cpu >> 6] |= 1 << (cpu & 63)
     used = len(words)
     while words[used - 1] == 0:
         used -= 1
     key: object = words[0] if used == 1 else tuple(words[:used])
-    entry = (ffi.new(_WORDS, words), nwords, key)
     if len(_encoded) >= 1024:
         _encoded.clear()
-    _encoded[cpus] = entry
+    _encoded[cpus] = entry = (words, key)
     return entry
 
 
 def set_affinity(cpus: Iterable[int] | str, tid: int = 0) -> None:
-    """Let a thread of this process run only on ``cpus``.
+    """Let a thread run only on ``cpus``.
 
     ``cpus`` is any iterable of CPU numbers or a CPU list such as ``"0-3"``;
     ``tid`` 0 is the calling thread (``pthread_setaffinity_np``), any other a
@@ -277,45 +277,50 @@ def set_affinity(cpus: Iterable[int] | str, tid: int = 0) -> None:
     mask is read back, and a mask that differs raises ``ValueError`` saying
     which CPUs were dropped and where the thread now runs.
     """
-    if type(tid) is not int:
+    if type(tid) is not int or tid < 0:
         tid = _as_tid(tid)
     wanted = cpu_set(cpus)
     entry = _encoded.get(wanted)
     if entry is None:
         entry = _encode(wanted, tid)
-    words, n, key = entry
+    words, key = entry
+    n = len(words)
     try:
-        out, have = _tls.words
+        io = _tls.io
     except AttributeError:
-        out, have = _thread_words()
-    if have < n:
-        out, have = ffi.new(_WORDS, n), n
-    rc = lib.cpupin_set_affinity(tid, n, words, out)
+        io = _thread_io(n)
+    if io[1] != n:
+        io = _thread_io(n)
+        io[1] = n
+    io[0] = tid
+    if n == 1:
+        io[2] = key
+    else:
+        io[2 : 2 + n] = words
+    rc = lib.cpupin_set_affinity(io)
     if rc == 1:
-        if out[0] == key:
+        if io[2] == key:
             return
     elif rc > 1:
-        if tuple(ffi.unpack(out, rc)) == key:
+        if tuple(io[2 : 2 + rc]) == key:
             return
-    _set_affinity_slow(wanted, tid, rc, out)
+    _set_affinity_slow(wanted, tid, rc, io)
 
 
-def _set_affinity_slow(wanted: frozenset[int], tid: int, rc: int, out: object) -> None:
-    if tid < 0:
-        _as_tid(tid)
+def _set_affinity_slow(wanted: frozenset[int], tid: int, rc: int, io: object) -> None:
     if rc == -errno.EINVAL:
         online = online_cpus(refresh=True)
         if not wanted <= online:
             _encoded.pop(wanted, None)
             _encode(wanted, tid)  # raises, naming the CPU that went offline
+        nwords = _nwords
         try:
             get_affinity(tid)  # grows the set size if that was the reason
         except OSError:
             pass
-        else:
-            if _encoded.get(wanted) is None:
-                set_affinity(wanted, tid)
-                return
+        if _nwords != nwords:
+            set_affinity(wanted, tid)
+            return
         raise ValueError(
             f"none of CPU {format_cpulist(wanted)} is in this process's cpuset, so "
             f"{_who(tid)} cannot run there: use CPUs this process may run on "
@@ -323,7 +328,7 @@ def _set_affinity_slow(wanted: frozenset[int], tid: int, rc: int, out: object) -
         )
     if rc < 0:
         raise_oserror(rc, _who(tid))
-    got = _key_set(ffi.unpack(out, rc)[0] if rc == 1 else tuple(ffi.unpack(out, rc)))
+    got = _key_set(io[2] if rc == 1 else tuple(io[2 : 2 + rc]))  # type: ignore[index]
     raise ValueError(
         f"the kernel dropped CPU {format_cpulist(wanted - got)} from the mask of "
         f"{_who(tid)} (outside this process's cpuset); the thread now runs on "

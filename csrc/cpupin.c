@@ -22,6 +22,16 @@
 
 typedef struct cpupin_tasks cpupin_tasks;
 
+/* Whether a call drops the GIL is decided here, per function, not by cffi:
+ * see the end of this file. Only the long read of every task drops it. */
+#ifdef Py_PYTHON_H
+#define CPUPIN_DROP_GIL PyThreadState *cpupin_gil_ = PyEval_SaveThread()
+#define CPUPIN_TAKE_GIL PyEval_RestoreThread(cpupin_gil_)
+#else
+#define CPUPIN_DROP_GIL
+#define CPUPIN_TAKE_GIL
+#endif
+
 int cpupin_noop(void) { return 0; }
 
 #if CPUPIN_HAVE_AFFINITY
@@ -68,56 +78,41 @@ static int get_set(int tid, unsigned long *set, size_t size)
     return sched_getaffinity(tid, size, (cpu_set_t *)set) == 0 ? 0 : -errno;
 }
 
-int cpupin_get_affinity(int tid, int nwords, uint64_t *out)
+static int affinity(uint64_t *io, int set_first)
 {
     unsigned long stack[STACK_WORDS * 64 / WORD_BITS];
+    int tid = (int)io[0];
+    int nwords = (int)io[1];
     size_t size = (size_t)nwords * 8;
     unsigned long *set;
-    int rc;
+    int rc = 0;
 
-    if (nwords <= 0)
+    if (nwords <= 0 || io[0] > INT32_MAX)
         return -EINVAL;
     set = nwords <= STACK_WORDS ? stack : malloc(size);
     if (set == NULL)
         return -ENOMEM;
-    rc = get_set(tid, set, size);
-    if (rc == 0) {
-        to_words(set, nwords, out);
-        rc = significant(out, nwords);
+    if (set_first) {
+        from_words(io + 2, nwords, set);
+        if (tid == 0)
+            rc = -pthread_setaffinity_np(pthread_self(), size, (cpu_set_t *)set);
+        else
+            rc = sched_setaffinity(tid, size, (cpu_set_t *)set) == 0 ? 0 : -errno;
     }
-    if (set != stack)
-        free(set);
-    return rc;
-}
-
-int cpupin_set_affinity(int tid, int nwords, const uint64_t *in, uint64_t *out)
-{
-    unsigned long stack[STACK_WORDS * 64 / WORD_BITS];
-    size_t size = (size_t)nwords * 8;
-    unsigned long *set;
-    int rc;
-
-    if (nwords <= 0)
-        return -EINVAL;
-    set = nwords <= STACK_WORDS ? stack : malloc(size);
-    if (set == NULL)
-        return -ENOMEM;
-    from_words(in, nwords, set);
-    if (tid == 0)
-        rc = -pthread_setaffinity_np(pthread_self(), size, (cpu_set_t *)set);
-    else
-        rc = sched_setaffinity(tid, size, (cpu_set_t *)set) == 0 ? 0 : -errno;
     /* The kernel drops CPUs outside the cpuset without a word: read back. */
     if (rc == 0)
         rc = get_set(tid, set, size);
     if (rc == 0) {
-        to_words(set, nwords, out);
-        rc = significant(out, nwords);
+        to_words(set, nwords, io + 2);
+        rc = significant(io + 2, nwords);
     }
     if (set != stack)
         free(set);
     return rc;
 }
+
+int cpupin_get_affinity(uint64_t *io) { return affinity(io, 0); }
+int cpupin_set_affinity(uint64_t *io) { return affinity(io, 1); }
 
 /* Parses "run wait slices\n"; returns 0 or -EINVAL. */
 static int parse_schedstat(const char *p, unsigned long long *out3)
@@ -357,7 +352,7 @@ static int parse_last_cpu(const char *buf)
     return *p >= '0' && *p <= '9' ? atoi(p) : -1;
 }
 
-int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
+static int tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
                       char *names, int names_size, int nout, int *need)
 {
     int n = list_tids(t), rc, count = 0, used = 0;
@@ -406,12 +401,27 @@ int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
     return count;
 }
 
+int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
+                      char *names, int names_size, int nout, int *need)
+{
+    int rc;
+    /* Past this many tasks the read takes over 100 us: long enough that
+     * other Python threads should run meanwhile. Shorter ones keep the GIL,
+     * since taking it back can wait a whole switch interval (5 ms). */
+    if (t->ntasks < 64)
+        return tasks_read(t, last_cpu, vals, names, names_size, nout, need);
+    CPUPIN_DROP_GIL;
+    rc = tasks_read(t, last_cpu, vals, names, names_size, nout, need);
+    CPUPIN_TAKE_GIL;
+    return rc;
+}
+
 #else /* no thread affinity: stubs, so that the package still imports */
 
 long cpupin_gettid(void) { return -ENOSYS; }
 int cpupin_getcpu(void) { return -ENOSYS; }
-int cpupin_get_affinity(int tid, int nwords, uint64_t *out) { return -ENOSYS; }
-int cpupin_set_affinity(int tid, int nwords, const uint64_t *in, uint64_t *out) { return -ENOSYS; }
+int cpupin_get_affinity(uint64_t *io) { return -ENOSYS; }
+int cpupin_set_affinity(uint64_t *io) { return -ENOSYS; }
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3) { return -ENOSYS; }
 cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err)
 {
@@ -425,4 +435,17 @@ int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
     return -ENOSYS;
 }
 
+#endif
+
+/* cffi wraps every call in Py_BEGIN_ALLOW_THREADS ... Py_END_ALLOW_THREADS,
+ * whose wrappers follow this text. Dropping the GIL costs the caller the wait
+ * to get it back: with one other Python thread busy, a 300 ns affinity call
+ * took 560 us on average (bench/RESULTS.md). So the calls keep the GIL, as
+ * os.sched_setaffinity does, and cpupin_tasks_read, which takes hundreds of
+ * microseconds, drops it itself. */
+#ifdef Py_PYTHON_H
+#undef Py_BEGIN_ALLOW_THREADS
+#undef Py_END_ALLOW_THREADS
+#define Py_BEGIN_ALLOW_THREADS {
+#define Py_END_ALLOW_THREADS }
 #endif

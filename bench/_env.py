@@ -1,0 +1,78 @@
+"""What every benchmark prints first: the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+
+def describe() -> str:
+    lines = [f"date        {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"]
+    lines.append(f"python      {sys.version.split()[0]} ({platform.python_implementation()})")
+    lines.append(f"kernel      {platform.release()} {platform.machine()}")
+    model = "?"
+    hypervisor = False
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "?":
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith("flags") and " hypervisor" in line:
+                    hypervisor = True
+    except OSError:
+        pass
+    lines.append(f"cpu         {model}{' (virtual machine)' if hypervisor else ''}")
+    lines.append(f"cpus        {os.cpu_count()} online, mask {sorted(os.sched_getaffinity(0))}")
+    states = []
+    base = "/sys/devices/system/cpu/cpu0/cpuidle"
+    try:
+        for state in sorted(os.listdir(base)):
+            with open(f"{base}/{state}/name") as f:
+                name = f.read().strip()
+            with open(f"{base}/{state}/latency") as f:
+                latency = f.read().strip()
+            states.append(f"{name} {latency} µs")
+    except OSError:
+        pass
+    lines.append(f"idle states {', '.join(states) or 'none listed'}")
+    versions = []
+    for module in ("cffi", "psutil", "torch", "numpy"):
+        try:
+            versions.append(f"{module} {__import__(module).__version__}")
+        except ImportError:
+            pass
+    lines.append(f"packages    {', '.join(versions)}")
+    return "\n".join(lines)
+
+
+def per_call_ns(fn: Callable[[], object], number: int) -> float:
+    """Nanoseconds a call of ``fn`` over ``number`` calls in a tight loop."""
+    calls = range(number)
+    start = time.perf_counter_ns()
+    for _ in calls:
+        fn()
+    return (time.perf_counter_ns() - start) / number
+
+
+def paired(cases: dict[str, Callable[[], object]], number: int, rounds: int) -> dict[str, float]:
+    """Median per-call ns of each case, the cases interleaved round by round
+    so that a slow stretch of the machine hits all of them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for fn in cases.values():
+        per_call_ns(fn, max(1, number // 10))  # warm up
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            samples[name].append(per_call_ns(fn, number))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def fmt_ns(ns: float) -> str:
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.2f} µs"
+    return f"{ns:.0f} ns"
