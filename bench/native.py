@@ -146,7 +146,7 @@ def main() -> None:
         release, threads = park(7)
         times = paired(
             {"thread_stats()": cpupin.thread_stats, "psutil threads()": me.threads},
-            max(20, 500 // scale),
+            10,
             r,
         )
         row("all threads, 8, a 2nd thread spinning", "thread_stats()", "psutil threads()", times)

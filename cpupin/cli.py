@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -52,6 +53,138 @@ def _cmd_threads(args: argparse.Namespace) -> int:
     return 0
 
 
+def _host_arg(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--root", metavar="DIR", help="read sysfs and procfs under DIR")
+    where.add_argument("--host", metavar="NAME", help="a shipped host: " + ", ".join(_host_names()))
+
+
+def _host_names() -> list[str]:
+    from .hosts import HOSTS
+
+    return sorted(HOSTS)
+
+
+def _load_host(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(host, its title, the mask a process there has)."""
+    from .hosts import HOSTS, host_named
+    from .process import process_cpus
+    from .topology import read_host
+
+    if args.host:
+        host = host_named(args.host)
+        return host, f"{args.host}: {HOSTS[args.host].description}", host.default_mask()
+    if args.root:
+        if not os.path.isdir(args.root):
+            raise ValueError(f"--root {args.root!r} is not a directory")
+        host = read_host(args.root)
+        return host, f"the tree under {host.root}", host.default_mask()
+    host = read_host("/")
+    return host, "this machine", process_cpus() & host.cpus
+
+
+def _cmd_topo(args: argparse.Namespace) -> int:
+    from .cpulist import format_cpulist
+    from .cpuplan import CpuPlan
+
+    host, title, mask = _load_host(args)
+    plan = CpuPlan.for_host(host, mask)
+    deepest = host.deepest_idle_state()
+    if args.json:
+        _print_json(
+            {
+                "host": title,
+                "cpus": sorted(host.cpus),
+                "cores": [list(core.cpus) for core in host.cores],
+                "nodes": {str(node.id): sorted(node.cpus) for node in host.nodes},
+                "gpus": [
+                    {
+                        "address": g.address,
+                        "vendor": g.vendor,
+                        "class": f"{g.class_code:#08x}",
+                        "node": g.node,
+                        "local_cpus": sorted(g.local_cpus) if g.local_cpus is not None else None,
+                    }
+                    for g in host.gpus
+                ],
+                "idle_states": [
+                    {
+                        "package": package,
+                        "name": s.name,
+                        "latency_us": s.latency_us,
+                        "disabled": s.disabled,
+                    }
+                    for package, states in sorted(host.idle_states.items())
+                    for s in states
+                ],
+                "deepest_idle_state": (
+                    {"name": deepest.name, "latency_us": deepest.latency_us} if deepest else None
+                ),
+                "smt": host.smt,
+                "hypervisor": host.hypervisor,
+                "mask": sorted(plan.mask),
+                "cpuset": sorted(host.cpuset) if host.cpuset is not None else None,
+                "quota": (
+                    {
+                        "quota_us": host.quota.quota_us,
+                        "period_us": host.quota.period_us,
+                        "cpus": host.quota.cpus,
+                        "source": host.quota.source,
+                    }
+                    if host.quota
+                    else None
+                ),
+                "usable_cpus": plan.usable_cpus,
+                "reasons": list(host.reasons),
+            }
+        )
+        return 0
+    threads = {len(core.cpus) for core in host.cores}
+    smt = {True: "SMT on", False: "SMT off", None: "SMT unknown"}[host.smt]
+    print(title)
+    print(
+        f"CPUs   {len(host.cpus)} online ({format_cpulist(host.cpus)}), {len(host.cores)} "
+        f"cores, {smt} ({'/'.join(map(str, sorted(threads)))} thread(s) a core)"
+    )
+    for node in host.nodes:
+        gpus = [g.address for g in host.gpus if g.node == node.id]
+        cores = sum(1 for core in host.cores if core.cpus[0] in node.cpus)
+        cpus = f"CPUs {format_cpulist(node.cpus)} ({cores} cores)" if node.cpus else "no CPUs"
+        print(f"node {node.id:<3} {cpus}" + (f"; GPUs {' '.join(gpus)}" if gpus else ""))
+    for g in host.gpus:
+        local = format_cpulist(g.local_cpus) if g.local_cpus is not None else "unknown"
+        node = g.node if g.node is not None else "none"
+        print(
+            f"GPU    {g.address} {g.vendor} class {g.class_code:#08x} node {node}, "
+            f"local CPUs {local}"
+        )
+    if not host.gpus:
+        print("GPUs   none")
+    if deepest:
+        print(
+            f"idle   deepest state {deepest.name}, exit latency {deepest.latency_us} µs"
+            + (
+                " (a virtual machine: its guest sees only what the hypervisor shows)"
+                if host.hypervisor
+                else ""
+            )
+        )
+    else:
+        print("idle   no idle states listed")
+    quota = (
+        f"{host.quota.quota_us}/{host.quota.period_us} µs = {host.quota.cpus} CPU(s)"
+        if host.quota
+        else "none"
+    )
+    print(
+        f"mask   {format_cpulist(plan.mask)} ({len(plan.mask)} CPUs); cgroup quota {quota}; "
+        f"usable CPUs {plan.usable_cpus}"
+    )
+    for reason in host.reasons:
+        print(f"note   {reason}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cpupin",
@@ -66,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     threads.add_argument("pid", nargs="?", type=int, help="process id (default: this process)")
     threads.add_argument("--json", action="store_true", help="print JSON")
     threads.set_defaults(handler=_cmd_threads)
+
+    topo = sub.add_parser("topo", help="show the host: nodes, cores, SMT, GPUs, idle states, mask")
+    _host_arg(topo)
+    topo.add_argument("--json", action="store_true", help="print JSON")
+    topo.set_defaults(handler=_cmd_topo)
     return parser
 
 

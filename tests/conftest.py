@@ -1,4 +1,7 @@
 import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,3 +30,20 @@ def two_cpus():
     if len(cpus) < 2:
         pytest.skip("needs two CPUs in the mask")
     return cpus[:2]
+
+
+@pytest.fixture(scope="session")
+def fast_dir():
+    """A context manager for a fresh folder, in memory where /dev/shm allows
+    (a host tree is thousands of small files; this disk makes them slowly)."""
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+    @contextmanager
+    def make():
+        path = tempfile.mkdtemp(prefix="cpupin-test-", dir=base)
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    return make

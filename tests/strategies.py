@@ -21,3 +21,78 @@ def cpu_ranges(draw):
         start = draw(cpu_numbers)
         cpus.update(range(start, min(start + draw(st.integers(1, 200)), 65536)))
     return frozenset(cpus)
+
+
+# --- hosts -----------------------------------------------------------------
+
+GPU_VENDOR_IDS = (0x10DE, 0x1002, 0x8086)
+
+
+@st.composite
+def host_specs(draw, max_cores=256):
+    """Random host shapes: sockets x nodes x cores x SMT, sibling numbering,
+    offline CPUs, 0-16 GPUs on random nodes, same-vendor non-GPU functions."""
+    from cpupin.hosts import GpuSpec, HostSpec, PciSpec
+
+    sockets = draw(st.integers(1, 4))
+    nodes_per_socket = draw(st.integers(1, 4))
+    cores_per_node = draw(st.integers(1, max(1, max_cores // (sockets * nodes_per_socket))))
+    threads = draw(st.sampled_from((1, 2, 2, 4)))
+    siblings = draw(st.sampled_from(("offset", "adjacent")))
+    numa = draw(st.booleans()) if sockets * nodes_per_socket == 1 else True
+    spec = HostSpec(
+        "random",
+        sockets=sockets,
+        nodes_per_socket=nodes_per_socket,
+        cores_per_node=cores_per_node,
+        threads=threads,
+        siblings=siblings,
+        numa=numa,
+    )
+    every = sorted(spec.online())
+    # Never CPU 0 offline (Linux cannot), and never a whole node.
+    offline = draw(
+        st.frozensets(st.sampled_from(every[1:]), max_size=len(every) // 4)
+        if len(every) > 1
+        else st.just(frozenset())
+    )
+    nodes = spec.nodes_count
+    buses = draw(st.lists(st.integers(1, 0xFE), min_size=0, max_size=16, unique=True))
+    gpus = tuple(
+        GpuSpec(
+            f"{draw(st.sampled_from((0, 0, 1, 0x10000))):04x}:{bus:02x}:00.0",
+            draw(st.integers(-1, nodes - 1)) if numa else -1,
+            vendor=draw(st.sampled_from(GPU_VENDOR_IDS)),
+            class_code=draw(st.sampled_from((0x030000, 0x030200, 0x038000))),
+            local_cpulist=draw(st.booleans()),
+        )
+        for bus in buses
+    )
+    taken = {g.address for g in gpus}
+    others = tuple(
+        PciSpec(
+            f"0000:{bus:02x}:01.0",
+            draw(st.sampled_from(GPU_VENDOR_IDS + (0x15B3, 0x1A03))),
+            draw(st.sampled_from((0x068000, 0x060400, 0x020700, 0x030000))),
+        )
+        for bus in draw(st.lists(st.integers(1, 0xFE), max_size=6, unique=True))
+    )
+    # A VGA of another vendor (a BMC) is fine; one of a GPU vendor would be a GPU.
+    others = tuple(
+        p
+        for p in others
+        if not (p.class_code >> 16 == 3 and p.vendor in GPU_VENDOR_IDS) and p.address not in taken
+    )
+    return HostSpec(
+        "random",
+        sockets=sockets,
+        nodes_per_socket=nodes_per_socket,
+        cores_per_node=cores_per_node,
+        threads=threads,
+        siblings=siblings,
+        numa=numa,
+        gpus=gpus,
+        pci=others,
+        offline=offline,
+        idle_states=draw(st.sampled_from(((("POLL", 0),), (("POLL", 0), ("C1", 1), ("C6", 170))))),
+    )

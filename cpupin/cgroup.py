@@ -1,0 +1,182 @@
+"""The process's cgroup: its cpuset and the strictest CPU quota above it.
+
+cgroup v2 (``cpu.max``, ``cpuset.cpus.effective``), cgroup v1
+(``cpu.cfs_quota_us``/``cpu.cfs_period_us`` with ``cpu`` and ``cpuacct``
+mounted together or apart, ``cpuset.effective_cpus``) and hybrid hierarchies,
+found through ``proc/self/mounts`` and ``proc/self/cgroup`` under a root.
+Whatever cannot be parsed means no limit, with a reason; never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from .cpulist import parse_cpulist
+
+if TYPE_CHECKING:
+    from .topology import Quota, _Reader
+
+__all__ = ["parse_cpu_max", "read_cgroup"]
+
+_DEFAULT_PERIOD_US = 100_000
+
+
+def parse_cpu_max(text: str) -> tuple[int, int] | None | str:
+    """``(quota_us, period_us)`` from cgroup v2 ``cpu.max``; ``None`` for no
+    quota (``max``); a string saying what is wrong when it cannot be parsed."""
+    fields = text.split()
+    if not fields:
+        return "empty"
+    if len(fields) > 2:
+        return f"{text.strip()!r} has {len(fields)} fields, not 'QUOTA PERIOD'"
+    if fields[0] == "max":
+        return None
+    try:
+        quota = int(fields[0])
+        period = int(fields[1]) if len(fields) == 2 else _DEFAULT_PERIOD_US
+    except ValueError:
+        return f"{text.strip()!r} is not 'QUOTA PERIOD'"
+    if quota <= 0 or period <= 0:
+        return f"{text.strip()!r} has a quota or period that is not positive"
+    return quota, period
+
+
+def _mounts(r: _Reader) -> tuple[str | None, dict[str, str]]:
+    """The cgroup v2 mount point and the v1 mount point of each controller."""
+    text = r.text("proc/self/mounts") or r.text("proc/mounts")
+    unified: str | None = None
+    v1: dict[str, str] = {}
+    if text is None:
+        if os.path.exists(r.path("sys/fs/cgroup/cgroup.controllers")):
+            return "/sys/fs/cgroup", v1
+        for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
+            if os.path.isdir(r.path(f"sys/fs/cgroup/{name}")):
+                v1["cpu"] = f"/sys/fs/cgroup/{name}"
+                break
+        if os.path.isdir(r.path("sys/fs/cgroup/cpuset")):
+            v1["cpuset"] = "/sys/fs/cgroup/cpuset"
+        return None, v1
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        point, kind, options = parts[1], parts[2], parts[3].split(",")
+        if kind == "cgroup2" and unified is None:
+            unified = point
+        elif kind == "cgroup":
+            for controller in ("cpu", "cpuset"):
+                if controller in options:
+                    v1.setdefault(controller, point)
+    return unified, v1
+
+
+def _membership(r: _Reader) -> tuple[str | None, dict[str, str]]:
+    """The process's v2 cgroup path and its v1 path of each controller."""
+    unified: str | None = None
+    v1: dict[str, str] = {}
+    text = r.text("proc/self/cgroup")
+    if text is not None:
+        for line in text.splitlines():
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            _, controllers, path = parts
+            if controllers == "":
+                unified = path
+            for controller in controllers.split(","):
+                if controller in ("cpu", "cpuset"):
+                    v1[controller] = path
+    else:
+        cpuset = r.text("proc/self/cpuset")
+        if cpuset is not None and cpuset.strip():
+            unified = cpuset.strip()
+            v1["cpuset"] = cpuset.strip()
+    return unified, v1
+
+
+def _chain(r: _Reader, mount: str, path: str) -> list[str]:
+    """The cgroup's folder and its ancestors up to the mount, leaf first.
+    Where the path is not there (a cgroup namespace), the mount itself."""
+    rel = os.path.normpath("/" + path.strip()).lstrip("/")
+    chain = []
+    while True:
+        folder = os.path.join(mount, rel) if rel else mount
+        if os.path.isdir(r.path(folder)):
+            chain.append(folder)
+        if not rel:
+            break
+        rel = os.path.dirname(rel)
+    return chain or [mount]
+
+
+def _quota_v2(r: _Reader, chain: list[str]) -> tuple[int, int, str] | None:
+    best = None
+    for folder in chain:
+        rel = f"{folder}/cpu.max"
+        text = r.text(rel)
+        if text is None:
+            continue
+        parsed = parse_cpu_max(text)
+        if isinstance(parsed, str):
+            r.reasons.append(f"{rel}: {parsed}; taken as no quota")
+            continue
+        if parsed is not None and (best is None or parsed[0] * best[1] < best[0] * parsed[1]):
+            best = (parsed[0], parsed[1], rel)
+    return best
+
+
+def _quota_v1(r: _Reader, chain: list[str]) -> tuple[int, int, str] | None:
+    best = None
+    for folder in chain:
+        quota_text = r.text(f"{folder}/cpu.cfs_quota_us")
+        if quota_text is None:
+            continue
+        period_text = r.text(f"{folder}/cpu.cfs_period_us")
+        try:
+            quota = int(quota_text.strip())
+            period = int(period_text.strip()) if period_text is not None else _DEFAULT_PERIOD_US
+        except ValueError:
+            r.reasons.append(f"{folder}/cpu.cfs_quota_us: not a number; taken as no quota")
+            continue
+        if quota <= 0 or period <= 0:
+            continue  # -1: no quota
+        if best is None or quota * best[1] < best[0] * period:
+            best = (quota, period, f"{folder}/cpu.cfs_quota_us")
+    return best
+
+
+def _cpuset(r: _Reader, chain: list[str], names: tuple[str, ...]) -> frozenset[int] | None:
+    for folder in chain:
+        for name in names:
+            text = r.text(f"{folder}/{name}")
+            if text is None or not text.strip():
+                continue
+            try:
+                return parse_cpulist(text)
+            except ValueError as exc:
+                r.reasons.append(f"{folder}/{name}: {exc}")
+                return None
+    return None
+
+
+def read_cgroup(r: _Reader) -> tuple[frozenset[int] | None, Quota | None]:
+    """The cgroup cpuset (``None`` when unknown) and the strictest quota."""
+    from .topology import Quota
+
+    unified_mount, v1_mounts = _mounts(r)
+    unified_path, v1_paths = _membership(r)
+    quota = None
+    cpuset = None
+    if "cpu" in v1_mounts:
+        chain = _chain(r, v1_mounts["cpu"], v1_paths.get("cpu", "/"))
+        quota = _quota_v1(r, chain)
+    elif unified_mount is not None:
+        quota = _quota_v2(r, _chain(r, unified_mount, unified_path or "/"))
+    if "cpuset" in v1_mounts:
+        chain = _chain(r, v1_mounts["cpuset"], v1_paths.get("cpuset", "/"))
+        cpuset = _cpuset(r, chain, ("cpuset.effective_cpus", "cpuset.cpus"))
+    if cpuset is None and unified_mount is not None:
+        chain = _chain(r, unified_mount, unified_path or "/")
+        cpuset = _cpuset(r, chain, ("cpuset.cpus.effective",))
+    return cpuset, Quota(*quota) if quota else None

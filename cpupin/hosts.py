@@ -1,0 +1,318 @@
+"""Host shapes as data, and a builder that writes them as fake sysfs trees.
+
+A :class:`HostSpec` is a compact description (sockets, nodes, cores, threads
+and their numbering, GPUs and other PCI functions, idle states, cgroup);
+:func:`build_tree` writes the ``sys/`` and ``proc/`` files a kernel would show
+for it under a root, so that :func:`cpupin.topology.read_host` can read it.
+The shipped hosts (:data:`HOSTS`) let a user look at a machine they do not
+own: ``cpupin topo --host dgx-h100``. Tests build random hosts the same way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+
+from .cpulist import format_cpulist
+from .topology import Host, parse_pci_address, read_host
+
+__all__ = ["HOSTS", "GpuSpec", "HostSpec", "PciSpec", "build_tree", "host_named"]
+
+NVIDIA, AMD, INTEL = 0x10DE, 0x1002, 0x8086
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """A GPU: a display-class PCI function of a GPU vendor."""
+
+    address: str
+    node: int
+    """Its ``numa_node``; -1 as a kernel writes it for 'unknown'."""
+    vendor: int = NVIDIA
+    class_code: int = 0x030200
+    local_cpulist: bool = True
+    """Whether sysfs lists its local CPUs (else they come from its node)."""
+
+
+@dataclass(frozen=True)
+class PciSpec:
+    """Any other PCI function: a bridge, NIC, NVSwitch or BMC's VGA."""
+
+    address: str
+    vendor: int
+    class_code: int
+    node: int = -1
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """A host shape. Core ``c`` lies on node ``c // cores_per_node``; its
+    hardware thread ``t`` is CPU ``c + t * cores`` (``siblings="offset"``, as
+    x86 servers number them) or ``c * threads + t`` (``"adjacent"``)."""
+
+    name: str
+    description: str = ""
+    sockets: int = 1
+    nodes_per_socket: int = 1
+    cores_per_node: int = 4
+    threads: int = 1
+    siblings: str = "offset"
+    numa: bool = True
+    """Whether node folders exist (a VM may have none)."""
+    memory_nodes: tuple[int, ...] = ()
+    """Node ids of nodes without CPUs, such as GPU memory."""
+    gpus: tuple[GpuSpec, ...] = ()
+    pci: tuple[PciSpec, ...] = ()
+    offline: frozenset[int] = frozenset()
+    idle_states: tuple[tuple[str, int], ...] = (("POLL", 0),)
+    hypervisor: bool = False
+    cpu_max: str | None = None
+    """The cgroup v2 ``cpu.max`` text, if any."""
+    cpuset: str | None = None
+    """The cgroup's ``cpuset.cpus.effective``, if any."""
+
+    @property
+    def nodes_count(self) -> int:
+        return self.sockets * self.nodes_per_socket
+
+    @property
+    def cores_count(self) -> int:
+        return self.nodes_count * self.cores_per_node
+
+    def cpu(self, core: int, thread: int) -> int:
+        if self.siblings == "adjacent":
+            return core * self.threads + thread
+        return core + thread * self.cores_count
+
+    # What a reader must find: the truth the tests compare with.
+
+    def online(self) -> frozenset[int]:
+        every = {self.cpu(c, t) for c in range(self.cores_count) for t in range(self.threads)}
+        return frozenset(every - self.offline)
+
+    def core_cpus(self) -> list[tuple[int, ...]]:
+        online = self.online()
+        cores = []
+        for c in range(self.cores_count):
+            cpus = tuple(
+                sorted(self.cpu(c, t) for t in range(self.threads) if self.cpu(c, t) in online)
+            )
+            if cpus:
+                cores.append(cpus)
+        return sorted(cores)
+
+    def node_cpus(self) -> dict[int, frozenset[int]]:
+        online = self.online()
+        nodes: dict[int, set[int]] = {n: set() for n in range(self.nodes_count)}
+        for c in range(self.cores_count):
+            for t in range(self.threads):
+                if self.cpu(c, t) in online:
+                    nodes[c // self.cores_per_node].add(self.cpu(c, t))
+        if not self.numa:
+            return {0: online}
+        out = {n: frozenset(cpus) for n, cpus in nodes.items()}
+        out.update({n: frozenset() for n in self.memory_nodes})
+        return out
+
+    def package_of_node(self, node: int) -> int:
+        return node // self.nodes_per_socket
+
+
+def _write(root: str, rel: str, text: str) -> None:
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
+    """Write the sysfs and procfs files of ``spec`` under ``root``."""
+    root = os.fspath(root)
+    cpu_dir = "sys/devices/system/cpu"
+    online = spec.online()
+    every = frozenset(spec.cpu(c, t) for c in range(spec.cores_count) for t in range(spec.threads))
+    _write(root, f"{cpu_dir}/online", format_cpulist(online) + "\n")
+    _write(root, f"{cpu_dir}/possible", format_cpulist(every) + "\n")
+    _write(root, f"{cpu_dir}/present", format_cpulist(every) + "\n")
+    _write(root, f"{cpu_dir}/smt/active", "1\n" if spec.threads > 1 else "0\n")
+    for c in range(spec.cores_count):
+        node = c // spec.cores_per_node
+        siblings = [spec.cpu(c, t) for t in range(spec.threads) if spec.cpu(c, t) in online]
+        for t in range(spec.threads):
+            cpu = spec.cpu(c, t)
+            base = f"{cpu_dir}/cpu{cpu}"
+            if cpu not in online:
+                _write(root, f"{base}/online", "0\n")
+                continue
+            _write(root, f"{base}/online", "1\n")
+            _write(root, f"{base}/topology/core_cpus_list", format_cpulist(siblings) + "\n")
+            _write(root, f"{base}/topology/thread_siblings_list", format_cpulist(siblings) + "\n")
+            _write(root, f"{base}/topology/core_id", f"{c % spec.cores_per_node}\n")
+            _write(root, f"{base}/topology/physical_package_id", f"{spec.package_of_node(node)}\n")
+            for i, (name, latency) in enumerate(spec.idle_states):
+                _write(root, f"{base}/cpuidle/state{i}/name", f"{name}\n")
+                _write(root, f"{base}/cpuidle/state{i}/latency", f"{latency}\n")
+                _write(root, f"{base}/cpuidle/state{i}/disable", "0\n")
+    nodes = spec.node_cpus()
+    if spec.numa:
+        for n, cpus in nodes.items():
+            _write(root, f"sys/devices/system/node/node{n}/cpulist", format_cpulist(cpus) + "\n")
+    for gpu in spec.gpus:
+        base = f"sys/bus/pci/devices/{parse_pci_address(gpu.address)}"
+        _write(root, f"{base}/class", f"{gpu.class_code:#08x}\n")
+        _write(root, f"{base}/vendor", f"{gpu.vendor:#06x}\n")
+        _write(root, f"{base}/numa_node", f"{gpu.node}\n")
+        if gpu.local_cpulist:
+            local = nodes.get(gpu.node, online) if spec.numa else online
+            _write(root, f"{base}/local_cpulist", format_cpulist(local) + "\n")
+    for dev in spec.pci:
+        base = f"sys/bus/pci/devices/{parse_pci_address(dev.address)}"
+        _write(root, f"{base}/class", f"{dev.class_code:#08x}\n")
+        _write(root, f"{base}/vendor", f"{dev.vendor:#06x}\n")
+        _write(root, f"{base}/numa_node", f"{dev.node}\n")
+    flags = "fpu vme de pse tsc msr" + (" hypervisor" if spec.hypervisor else "")
+    _write(
+        root,
+        "proc/cpuinfo",
+        "".join(f"processor\t: {cpu}\nflags\t\t: {flags}\n\n" for cpu in sorted(online)),
+    )
+    _write(root, "proc/self/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev 0 0\n")
+    _write(root, "proc/self/cgroup", "0::/cpupin.slice\n")
+    _write(root, "sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n")
+    _write(root, "sys/fs/cgroup/cpupin.slice/cpu.max", (spec.cpu_max or "max 100000") + "\n")
+    _write(
+        root,
+        "sys/fs/cgroup/cpupin.slice/cpuset.cpus.effective",
+        (spec.cpuset if spec.cpuset is not None else format_cpulist(online)) + "\n",
+    )
+    return root
+
+
+def _gpus(addresses: Mapping[int, list[str]], **kw: object) -> tuple[GpuSpec, ...]:
+    return tuple(
+        GpuSpec(a, node, **kw)
+        for node, group in addresses.items()  # type: ignore[arg-type]
+        for a in group
+    )
+
+
+#: Hosts a user can look at without owning one (``--host NAME``).
+HOSTS: dict[str, HostSpec] = {
+    spec.name: spec
+    for spec in (
+        HostSpec(
+            "dgx-h100",
+            "NVIDIA DGX H100: 2x Xeon Platinum 8480C (56 cores a socket, SMT, siblings "
+            "at +112), 8 H100 four a socket, 4 NVSwitches, ConnectX-7 NICs, an ASPEED BMC",
+            sockets=2,
+            cores_per_node=56,
+            threads=2,
+            gpus=_gpus(
+                {
+                    0: ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0"],
+                    1: ["0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"],
+                }
+            ),
+            pci=(
+                # NVSwitches: NVIDIA, but a bridge (class 0x0680), not a GPU.
+                *(
+                    PciSpec(f"0000:{bus:02x}:00.0", NVIDIA, 0x068000, 1)
+                    for bus in (0xC9, 0xCA, 0xCB, 0xCC)
+                ),
+                *(
+                    PciSpec(f"0000:{bus:02x}:00.0", 0x15B3, 0x020700, 0 if bus < 0x80 else 1)
+                    for bus in (0x19, 0x2B, 0x3B, 0x5E, 0x9B, 0xAC, 0xBB, 0xDC)
+                ),
+                PciSpec("0000:17:00.0", INTEL, 0x060400, 0),  # a root port
+                PciSpec("0000:97:00.0", INTEL, 0x060400, 1),
+                PciSpec("0000:e1:00.0", 0x1A03, 0x030000, 1),  # the BMC's VGA
+            ),
+            idle_states=(("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 290)),
+        ),
+        HostSpec(
+            "xeon6-b300",
+            "The host of PLACEMENT.md: 2x Xeon 6767P, four NUMA nodes of 32 cores, "
+            "siblings at +128, 8 GPUs two a node (one at 0000:fa:00.0), C6 at 170 µs",
+            sockets=2,
+            nodes_per_socket=2,
+            cores_per_node=32,
+            threads=2,
+            gpus=_gpus(
+                {
+                    0: ["0000:17:00.0", "0000:3d:00.0"],
+                    1: ["0000:5f:00.0", "0000:71:00.0"],
+                    2: ["0000:9b:00.0", "0000:ad:00.0"],
+                    3: ["0000:e4:00.0", "0000:fa:00.0"],
+                }
+            ),
+            pci=(
+                PciSpec("0000:00:00.0", INTEL, 0x060000, 0),
+                PciSpec("0000:02:00.0", 0x1A03, 0x030000, 0),
+            ),
+            idle_states=(("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 170)),
+        ),
+        HostSpec(
+            "h100-vm",
+            "A cloud VM with one H100: 40 vCPUs (20 cores, siblings adjacent), no NUMA "
+            "information, no idle state deeper than 1 µs",
+            cores_per_node=20,
+            threads=2,
+            siblings="adjacent",
+            numa=False,
+            gpus=(GpuSpec("0001:00:00.0", -1, local_cpulist=False),),
+            idle_states=(("POLL", 0), ("C1", 1)),
+            hypervisor=True,
+        ),
+        HostSpec(
+            "amd-8gpu",
+            "2x EPYC 9654 (96 cores a socket, SMT, siblings at +192, one node a socket), "
+            "8 AMD Instinct GPUs four a socket",
+            sockets=2,
+            cores_per_node=96,
+            threads=2,
+            gpus=_gpus(
+                {
+                    0: ["0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0"],
+                    1: ["0000:85:00.0", "0000:a6:00.0", "0000:c6:00.0", "0000:e5:00.0"],
+                },
+                vendor=AMD,
+                class_code=0x038000,
+            ),
+            pci=(
+                PciSpec("0000:04:00.0", AMD, 0x060400, 0),  # an AMD bridge, not a GPU
+                PciSpec("0000:c2:00.0", 0x1A03, 0x030000, 1),
+            ),
+            idle_states=(("POLL", 0), ("C1", 1), ("C2", 400)),
+        ),
+        HostSpec(
+            "gh200",
+            "NVIDIA Grace Hopper: 72 Arm cores, no SMT, one CPU node and eight nodes "
+            "without CPUs (the GPU's memory)",
+            cores_per_node=72,
+            memory_nodes=(1, 2, 3, 4, 5, 6, 7, 8),
+            gpus=(GpuSpec("0009:01:00.0", 0),),
+            idle_states=(("WFI", 1),),
+        ),
+    )
+}
+
+
+@cache
+def _built(name: str) -> str:
+    # In memory where possible: a 224-CPU tree is 4,500 small files.
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    root = tempfile.mkdtemp(prefix=f"cpupin-host-{name}-", dir=shm)
+    atexit.register(shutil.rmtree, root, True)
+    return build_tree(HOSTS[name], root)
+
+
+def host_named(name: str) -> Host:
+    """A shipped host, read back from its fake tree (built once a process)."""
+    if name not in HOSTS:
+        raise ValueError(f"no shipped host {name!r}: choose one of {', '.join(sorted(HOSTS))}")
+    return read_host(_built(name))

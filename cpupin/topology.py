@@ -1,0 +1,452 @@
+"""The host as sysfs and procfs describe it, read under a root directory.
+
+:func:`read_host` returns a frozen :class:`Host`: online CPUs, cores (groups of
+SMT siblings), NUMA nodes, packages, GPUs by PCI address, idle states, SMT,
+the cgroup's cpuset and CPU quota. Tests pass the root of a fake tree (or of
+a real machine's capture); ``"/"`` is this machine.
+
+Nothing here raises on a missing or odd file: the part it describes becomes
+unknown and :attr:`Host.reasons` says why, so that a plan can say why it pins
+nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
+
+__all__ = [
+    "GPU_VENDORS",
+    "Core",
+    "Gpu",
+    "Host",
+    "IdleState",
+    "Node",
+    "Quota",
+    "parse_pci_address",
+    "pci_sort_key",
+    "read_host",
+]
+
+#: PCI vendor ids of the GPU makers, all ranked together.
+GPU_VENDORS: Mapping[int, str] = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel"}
+
+_DEFAULT_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class Core:
+    """One core: the online CPUs that are its hardware threads."""
+
+    cpus: tuple[int, ...]
+    package: int | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    """A NUMA node; ``cpus`` is empty for a memory-only node (GPU memory)."""
+
+    id: int
+    cpus: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A display-class PCI function of a GPU vendor."""
+
+    address: str
+    """Canonical PCI address, lower case: ``0000:3b:00.0``."""
+    vendor: str
+    """``nvidia``, ``amd``, ``intel``, or ``unknown`` where sysfs has no vendor."""
+    vendor_id: int | None
+    class_code: int
+    node: int | None
+    """Its NUMA node; ``None`` when it has none (see PLACEMENT.md)."""
+    local_cpus: frozenset[int] | None
+    """``local_cpulist``, else ``local_cpus``, else its node's CPUs; ``None``
+    when nothing says."""
+
+
+@dataclass(frozen=True)
+class IdleState:
+    """One cpuidle state of a CPU."""
+
+    name: str
+    latency_us: int
+    disabled: bool = False
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A CFS quota: ``quota_us`` of CPU time every ``period_us``."""
+
+    quota_us: int
+    period_us: int
+    source: str
+    """The file it came from, under the root."""
+
+    @property
+    def cpus(self) -> int:
+        """The CPUs' worth of time the quota allows, rounded up, at least 1."""
+        return max(1, math.ceil(self.quota_us / self.period_us))
+
+
+@dataclass(frozen=True)
+class Host:
+    """A machine's CPUs, cores, nodes and GPUs, as read under ``root``."""
+
+    root: str
+    cpus: frozenset[int]
+    """The online CPUs."""
+    cores: tuple[Core, ...]
+    """Ordered by their lowest CPU."""
+    nodes: tuple[Node, ...]
+    """Ordered by id; memory-only nodes included."""
+    gpus: tuple[Gpu, ...]
+    """In numeric PCI address order."""
+    idle_states: Mapping[int, tuple[IdleState, ...]] = field(default_factory=dict)
+    """Idle states by package, from its first online CPU (``-1``: no package)."""
+    smt: bool | None = None
+    cpuset: frozenset[int] | None = None
+    """The CPUs the process's cgroup cpuset allows, when the tree says."""
+    quota: Quota | None = None
+    """The strictest CPU quota of the process's cgroup and its ancestors."""
+    hypervisor: bool = False
+    reasons: tuple[str, ...] = ()
+    """What could not be read, and what was assumed instead."""
+
+    def core_of(self, cpu: int) -> Core | None:
+        for core in self.cores:
+            if cpu in core.cpus:
+                return core
+        return None
+
+    def node_of(self, cpu: int) -> int | None:
+        for node in self.nodes:
+            if cpu in node.cpus:
+                return node.id
+        return None
+
+    @property
+    def cpu_nodes(self) -> tuple[Node, ...]:
+        """The nodes that have CPUs."""
+        return tuple(node for node in self.nodes if node.cpus)
+
+    def deepest_idle_state(self) -> IdleState | None:
+        """The enabled idle state with the longest exit latency, any package."""
+        states = [s for group in self.idle_states.values() for s in group if not s.disabled]
+        return max(states, key=lambda s: s.latency_us, default=None)
+
+    def default_mask(self) -> frozenset[int]:
+        """What a process on this host may use: the cgroup's cpuset, else every
+        online CPU."""
+        if self.cpuset:
+            return self.cpuset & self.cpus or self.cpus
+        return self.cpus
+
+
+# --- PCI addresses ---------------------------------------------------------
+
+_PCI = re.compile(
+    r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])\Z", re.ASCII
+)
+
+
+def parse_pci_address(text: str) -> str:
+    """The canonical form of a PCI address: ``0000:3b:00.0``.
+
+    Takes sysfs's ``0000:3b:00.0``, NVML's ``00000000:3B:00.0``, a domain of
+    five or more hex digits, or ``3b:00.0`` (domain 0). Anything else raises
+    :class:`ValueError` quoting it.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not a PCI address such as 0000:3b:00.0")
+    m = _PCI.match(text.strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a PCI address such as 0000:3b:00.0")
+    domain = int(m.group(1) or "0", 16)
+    device = int(m.group(3), 16)
+    if device > 0x1F:
+        raise ValueError(f"{text!r} is not a PCI address: device {device:#x} is past 0x1f")
+    return f"{domain:04x}:{int(m.group(2), 16):02x}:{device:02x}.{m.group(4)}"
+
+
+def pci_sort_key(address: str) -> tuple[int, int, int, int]:
+    """(domain, bus, device, function) of a canonical address."""
+    domain, bus, rest = address.split(":")
+    device, function = rest.split(".")
+    return int(domain, 16), int(bus, 16), int(device, 16), int(function, 16)
+
+
+# --- reading ---------------------------------------------------------------
+
+
+class _Reader:
+    """Reads small files under a root; records why something is unknown."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.reasons: list[str] = []
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel.lstrip("/"))
+
+    def text(self, rel: str) -> str | None:
+        try:
+            fd = os.open(self.path(rel), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            # Some kernels (and captures) end a value with a NUL.
+            return os.read(fd, 65536).decode("utf-8", "replace").replace("\x00", "")
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def listdir(self, rel: str) -> list[str] | None:
+        try:
+            return os.listdir(self.path(rel))
+        except OSError:
+            return None
+
+    def cpus(self, rel: str, *, mask: bool = False) -> frozenset[int] | None:
+        text = self.text(rel)
+        if text is None:
+            return None
+        try:
+            return parse_cpumask(text) if mask else parse_cpulist(text)
+        except ValueError as exc:
+            self.reasons.append(f"{rel}: {exc}")
+            return None
+
+    def integer(self, rel: str) -> int | None:
+        text = self.text(rel)
+        if text is None:
+            return None
+        try:
+            return int(text.strip(), 0)
+        except ValueError:
+            self.reasons.append(f"{rel}: {text.strip()[:40]!r} is not a number")
+            return None
+
+
+_CPU = "sys/devices/system/cpu"
+_NODE = "sys/devices/system/node"
+_PCI_DEVICES = "sys/bus/pci/devices"
+
+
+def _numbered(names: Iterable[str], prefix: str) -> list[int]:
+    out = []
+    for name in names:
+        if (
+            name.startswith(prefix)
+            and name[len(prefix) :].isdigit()
+            and name[len(prefix) :].isascii()
+        ):
+            out.append(int(name[len(prefix) :]))
+    return sorted(out)
+
+
+def _online_cpus(r: _Reader) -> frozenset[int]:
+    online = r.cpus(f"{_CPU}/online")
+    if online is not None:
+        return online
+    # No online file: a CPU is online when it says so, or, without an online
+    # file of its own, when it has a topology folder (offline CPUs have none).
+    found = set()
+    for cpu in _numbered(r.listdir(_CPU) or [], "cpu"):
+        flag = r.text(f"{_CPU}/cpu{cpu}/online")
+        if flag is not None:
+            if flag.strip() == "1":
+                found.add(cpu)
+        elif os.path.isdir(r.path(f"{_CPU}/cpu{cpu}/topology")):
+            found.add(cpu)
+    if found:
+        r.reasons.append(f"no {_CPU}/online: took the CPUs with a topology folder")
+    else:
+        r.reasons.append(f"no CPUs found under {_CPU}")
+    return frozenset(found)
+
+
+def _siblings(r: _Reader, cpu: int) -> frozenset[int] | None:
+    base = f"{_CPU}/cpu{cpu}/topology"
+    for name in ("core_cpus_list", "thread_siblings_list"):
+        cpus = r.cpus(f"{base}/{name}")
+        if cpus is not None:
+            return cpus
+    for name in ("core_cpus", "thread_siblings"):
+        cpus = r.cpus(f"{base}/{name}", mask=True)
+        if cpus is not None:
+            return cpus
+    return None
+
+
+def _cores(r: _Reader, online: frozenset[int]) -> tuple[Core, ...]:
+    seen: dict[int, int] = {}  # cpu -> index in groups
+    groups: list[set[int]] = []
+    packages: list[int | None] = []
+    missing = []
+    for cpu in sorted(online):
+        if cpu in seen:
+            continue
+        siblings = _siblings(r, cpu)
+        if siblings is None or cpu not in siblings:
+            missing.append(cpu)
+            siblings = frozenset({cpu})
+        members = {c for c in siblings & online if c not in seen} | {cpu}
+        for c in members:
+            seen[c] = len(groups)
+        groups.append(members)
+        packages.append(r.integer(f"{_CPU}/cpu{cpu}/topology/physical_package_id"))
+    if missing:
+        r.reasons.append(
+            f"no SMT siblings listed for CPU {format_cpulist(missing)}: each taken as a core"
+        )
+    cores = [
+        Core(tuple(sorted(g)), p if p is not None and p >= 0 else None)
+        for g, p in zip(groups, packages)
+    ]
+    return tuple(sorted(cores, key=lambda c: c.cpus[0]))
+
+
+def _nodes(r: _Reader, online: frozenset[int]) -> tuple[Node, ...]:
+    ids = _numbered(r.listdir(_NODE) or [], "node")
+    if not ids:
+        r.reasons.append("no NUMA nodes listed: one node, node 0, holds every CPU")
+        return (Node(0, online),)
+    nodes = []
+    for nid in ids:
+        cpus = r.cpus(f"{_NODE}/node{nid}/cpulist")
+        if cpus is None:
+            cpus = r.cpus(f"{_NODE}/node{nid}/cpumap", mask=True)
+        if cpus is None:
+            r.reasons.append(f"node {nid} lists no CPUs: taken as a node without CPUs")
+            cpus = frozenset()
+        nodes.append(Node(nid, cpus & online))
+    claimed: dict[int, int] = {}
+    for node in nodes:
+        for cpu in node.cpus:
+            if cpu in claimed:
+                r.reasons.append(
+                    f"CPU {cpu} is in both node {claimed[cpu]} and node {node.id}: the NUMA "
+                    "information is inconsistent, so one node, node 0, holds every CPU"
+                )
+                return (Node(0, online),)
+            claimed[cpu] = node.id
+    homeless = online - claimed.keys()
+    if homeless:
+        r.reasons.append(f"CPU {format_cpulist(homeless)} is in no NUMA node")
+    return tuple(nodes)
+
+
+def _gpus(r: _Reader, nodes: tuple[Node, ...]) -> tuple[Gpu, ...]:
+    names = r.listdir(_PCI_DEVICES)
+    if names is None:
+        r.reasons.append(f"no {_PCI_DEVICES}: no GPUs known")
+        return ()
+    cpu_nodes = [n for n in nodes if n.cpus]
+    node_cpus = {n.id: n.cpus for n in nodes}
+    gpus = []
+    for name in names:
+        class_code = r.integer(f"{_PCI_DEVICES}/{name}/class")
+        if class_code is None or class_code >> 16 != 0x03:
+            continue
+        vendor_id = r.integer(f"{_PCI_DEVICES}/{name}/vendor")
+        if vendor_id is None:
+            r.reasons.append(
+                f"{_PCI_DEVICES}/{name}: a display device with no vendor; taken as a GPU"
+            )
+        elif vendor_id not in GPU_VENDORS:
+            continue
+        try:
+            address = parse_pci_address(name)
+        except ValueError:
+            r.reasons.append(f"{_PCI_DEVICES}/{name}: not a PCI address, left out")
+            continue
+        base = f"{_PCI_DEVICES}/{name}"
+        node: int | None = r.integer(f"{base}/numa_node")
+        if node is None or node < 0:
+            # PLACEMENT.md: -1 (or no file) means the only node on a host with
+            # one node or none, and no node on a host with several.
+            node = cpu_nodes[0].id if len(cpu_nodes) == 1 else None
+        elif node not in node_cpus:
+            r.reasons.append(f"GPU {address} names node {node}, which is not listed")
+        local = r.cpus(f"{base}/local_cpulist")
+        if local is None:
+            local = r.cpus(f"{base}/local_cpus", mask=True)
+        if local is None and node is not None and node_cpus.get(node):
+            local = node_cpus[node]
+        vendor = GPU_VENDORS[vendor_id] if vendor_id is not None else "unknown"
+        gpus.append(Gpu(address, vendor, vendor_id, class_code, node, local))
+    return tuple(sorted(gpus, key=lambda g: pci_sort_key(g.address)))
+
+
+def _idle_states(r: _Reader, cores: tuple[Core, ...]) -> dict[int, tuple[IdleState, ...]]:
+    # One CPU a package: every CPU of a package has the same cpuidle driver,
+    # and reading each CPU's would cost thousands of files on a large host.
+    firsts: dict[int, int] = {}
+    for core in cores:
+        key = core.package if core.package is not None else -1
+        firsts.setdefault(key, core.cpus[0])
+    out: dict[int, tuple[IdleState, ...]] = {}
+    for package, cpu in sorted(firsts.items()):
+        base = f"{_CPU}/cpu{cpu}/cpuidle"
+        states = []
+        for index in _numbered(r.listdir(base) or [], "state"):
+            name = (r.text(f"{base}/state{index}/name") or f"state{index}").strip()
+            latency = r.integer(f"{base}/state{index}/latency")
+            if latency is None:
+                continue
+            disabled = (r.text(f"{base}/state{index}/disable") or "0").strip() not in ("0", "")
+            states.append(IdleState(name, latency, disabled))
+        if states:
+            out[package] = tuple(states)
+    if not out:
+        r.reasons.append("no cpuidle states listed")
+    return out
+
+
+def _hypervisor(r: _Reader) -> bool:
+    if os.path.exists(r.path("sys/hypervisor/type")):
+        return bool((r.text("sys/hypervisor/type") or "").strip())
+    text = r.text("proc/cpuinfo") or ""
+    return bool(re.search(r"^flags\s*:.*\bhypervisor\b", text, re.MULTILINE))
+
+
+def read_host(root: str | os.PathLike[str] = "/") -> Host:
+    """Read the host under ``root`` (``"/"``: this machine).
+
+    Never raises for a missing or malformed file; see :attr:`Host.reasons`.
+    """
+    from .cgroup import read_cgroup
+
+    r = _Reader(os.fspath(root))
+    online = _online_cpus(r)
+    cores = _cores(r, online)
+    nodes = _nodes(r, online)
+    gpus = _gpus(r, nodes)
+    smt_text = r.text(f"{_CPU}/smt/active")
+    if smt_text is not None and smt_text.strip() in ("0", "1"):
+        smt: bool | None = smt_text.strip() == "1"
+    else:
+        smt = any(len(core.cpus) > 1 for core in cores) if cores else None
+    cpuset, quota = read_cgroup(r)
+    return Host(
+        root=r.root,
+        cpus=online,
+        cores=cores,
+        nodes=nodes,
+        gpus=gpus,
+        idle_states=_idle_states(r, cores),
+        smt=smt,
+        cpuset=cpuset,
+        quota=quota,
+        hypervisor=_hypervisor(r),
+        reasons=tuple(r.reasons),
+    )

@@ -1,0 +1,76 @@
+"""hwloc's own answer for a capture: its cores and NUMA nodes, parsed from the
+``.console`` (``lstopo`` text) or ``.xml`` beside the capture. The oracle for
+the topology reader; written without any of cpupin's code."""
+
+import re
+import xml.etree.ElementTree as ET
+
+_KIND = re.compile(r"^(\s*)([A-Za-z0-9]+)")
+_NUMBER = re.compile(r"\(P#(\d+)")
+
+
+def _bitmap(text):
+    """hwloc's bitmap: comma-separated 0x words, most significant first."""
+    value = 0
+    for word in text.split(","):
+        value = (value << 32) | int(word, 16)
+    return {i for i in range(value.bit_length()) if value >> i & 1}
+
+
+def from_console(text):
+    """(cores, nodes): cores a set of frozensets of PU numbers, nodes a dict
+    of node number to its PUs (those of the object the node hangs under)."""
+    rows = []
+    for line in text.splitlines():
+        if re.match(r"^\s*(depth \d+:|Special depth)", line):
+            break
+        kind = _KIND.match(line)
+        if kind is None:
+            continue
+        number = _NUMBER.search(line)
+        rows.append((len(kind.group(1)), kind.group(2), int(number.group(1)) if number else None))
+    pus_under = []
+    for i, (indent, _, _) in enumerate(rows):
+        pus = set()
+        for deeper_indent, kind, number in rows[i + 1 :]:
+            if deeper_indent <= indent:
+                break
+            if kind == "PU":
+                pus.add(number)
+        pus_under.append(pus)
+    cores = {frozenset(pus_under[i]) for i, row in enumerate(rows) if row[1] == "Core"}
+    nodes = {}
+    for i, (indent, kind, number) in enumerate(rows):
+        if kind != "NUMANode":
+            continue
+        # A node hangs under the object whose CPUs it serves, perhaps through
+        # a memory-side cache, which has no PUs of its own.
+        parent, depth = i, indent
+        while True:
+            parent = next(j for j in range(parent - 1, -1, -1) if rows[j][0] < depth)
+            depth = rows[parent][0]
+            if pus_under[parent] or rows[parent][1] != "MemCache":
+                break
+        nodes[number] = frozenset(pus_under[parent])
+    pus = {number for _, kind, number in rows if kind == "PU"}
+    return cores, nodes, pus
+
+
+def from_xml(text):
+    root = ET.fromstring(text)
+    cores = set()
+    pus = set()
+    nodes = {}
+    for obj in root.iter("object"):
+        kind = obj.get("type")
+        if kind == "Core":
+            cores.add(
+                frozenset(
+                    int(pu.get("os_index")) for pu in obj.iter("object") if pu.get("type") == "PU"
+                )
+            )
+        elif kind == "PU":
+            pus.add(int(obj.get("os_index")))
+        elif kind == "NUMANode":
+            nodes[int(obj.get("os_index"))] = frozenset(_bitmap(obj.get("cpuset")))
+    return cores, nodes, pus

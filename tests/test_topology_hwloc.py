@@ -1,0 +1,87 @@
+"""The topology reader on real machines' captures, against hwloc's answer."""
+
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cpupin.topology import read_host
+
+from .hwloc_oracle import from_console, from_xml
+
+CAPTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "hosts" / "hwloc"
+NAMES = sorted(p.name[: -len(".tar.bz2")] for p in CAPTURES.glob("*.tar.bz2"))
+
+pytestmark = pytest.mark.skipif(not NAMES, reason=f"no hwloc captures in {CAPTURES}")
+
+
+@pytest.fixture(scope="session")
+def unpacked(tmp_path_factory):
+    """Each capture unpacked once; its root is the one folder it makes.
+
+    In memory where /dev/shm allows: the captures hold 40,000 small files,
+    which take half a minute to create on this machine's disk."""
+    if os.access("/dev/shm", os.W_OK):
+        base = Path(tempfile.mkdtemp(prefix="cpupin-hwloc-", dir="/dev/shm"))
+    else:
+        base = tmp_path_factory.mktemp("hwloc")
+    try:
+        yield _unpack(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _unpack(base):
+    roots = {}
+    for name in NAMES:
+        target = base / name
+        target.mkdir()
+        archive = CAPTURES / f"{name}.tar.bz2"
+        if shutil.which("tar"):  # ten times faster than tarfile on these
+            subprocess.run(["tar", "xjf", str(archive), "-C", str(target)], check=True)
+        else:
+            with tarfile.open(archive) as tar:
+                tar.extractall(target)
+        (top,) = [p for p in target.iterdir() if p.is_dir()]
+        roots[name] = top
+    return roots
+
+
+def oracle(name):
+    console = CAPTURES / f"{name}.console"
+    if console.exists():
+        return from_console(console.read_text())
+    return from_xml((CAPTURES / f"{name}.xml").read_text())
+
+
+def test_every_capture_has_an_oracle():
+    for name in NAMES:
+        assert (CAPTURES / f"{name}.console").exists() or (CAPTURES / f"{name}.xml").exists()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cores_match_hwloc(unpacked, name):
+    cores, _, pus = oracle(name)
+    host = read_host(unpacked[name])
+    ours = {frozenset(core.cpus) & pus for core in host.cores} - {frozenset()}
+    assert ours == cores
+    assert host.cpus >= pus
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_numa_nodes_match_hwloc(unpacked, name):
+    _, nodes, pus = oracle(name)
+    host = read_host(unpacked[name])
+    ours = {node.id: node.cpus & pus for node in host.nodes if node.cpus & pus}
+    assert ours == {n: cpus for n, cpus in nodes.items() if cpus}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_capture_reads_without_a_traceback(unpacked, name):
+    host = read_host(unpacked[name])
+    assert host.cpus
+    assert all(isinstance(reason, str) for reason in host.reasons)
