@@ -14,7 +14,7 @@ import atexit
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 
@@ -130,6 +130,12 @@ def _write(root: str, rel: str, text: str) -> None:
         f.write(text)
 
 
+def _mask(cpus: Iterable[int], words: int) -> str:
+    """A sysfs hex mask: 32-bit words, most significant first."""
+    value = sum(1 << cpu for cpu in cpus)
+    return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
+
+
 def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
     """Write the sysfs and procfs files of ``spec`` under ``root``."""
     root = os.fspath(root)
@@ -140,8 +146,16 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
     _write(root, f"{cpu_dir}/possible", format_cpulist(every) + "\n")
     _write(root, f"{cpu_dir}/present", format_cpulist(every) + "\n")
     _write(root, f"{cpu_dir}/smt/active", "1\n" if spec.threads > 1 else "0\n")
+    packages: dict[int, set[int]] = {}
+    for c in range(spec.cores_count):
+        for t in range(spec.threads):
+            if spec.cpu(c, t) in online:
+                package = spec.package_of_node(c // spec.cores_per_node)
+                packages.setdefault(package, set()).add(spec.cpu(c, t))
+    words = len(every) and (max(every) // 32 + 1)
     for c in range(spec.cores_count):
         node = c // spec.cores_per_node
+        package = spec.package_of_node(node)
         siblings = [spec.cpu(c, t) for t in range(spec.threads) if spec.cpu(c, t) in online]
         for t in range(spec.threads):
             cpu = spec.cpu(c, t)
@@ -150,10 +164,17 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
                 _write(root, f"{base}/online", "0\n")
                 continue
             _write(root, f"{base}/online", "1\n")
-            _write(root, f"{base}/topology/core_cpus_list", format_cpulist(siblings) + "\n")
-            _write(root, f"{base}/topology/thread_siblings_list", format_cpulist(siblings) + "\n")
-            _write(root, f"{base}/topology/core_id", f"{c % spec.cores_per_node}\n")
-            _write(root, f"{base}/topology/physical_package_id", f"{spec.package_of_node(node)}\n")
+            topo = f"{base}/topology"
+            for name, cpus in (
+                ("core_cpus", siblings),
+                ("thread_siblings", siblings),
+                ("package_cpus", packages[package]),
+                ("core_siblings", packages[package]),
+            ):
+                _write(root, f"{topo}/{name}_list", format_cpulist(cpus) + "\n")
+                _write(root, f"{topo}/{name}", _mask(cpus, words) + "\n")
+            _write(root, f"{topo}/core_id", f"{c % spec.cores_per_node}\n")
+            _write(root, f"{topo}/physical_package_id", f"{package}\n")
             for i, (name, latency) in enumerate(spec.idle_states):
                 _write(root, f"{base}/cpuidle/state{i}/name", f"{name}\n")
                 _write(root, f"{base}/cpuidle/state{i}/latency", f"{latency}\n")
@@ -162,6 +183,11 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
     if spec.numa:
         for n, cpus in nodes.items():
             _write(root, f"sys/devices/system/node/node{n}/cpulist", format_cpulist(cpus) + "\n")
+            _write(root, f"sys/devices/system/node/node{n}/cpumap", _mask(cpus, words) + "\n")
+        _write(root, "sys/devices/system/node/online", format_cpulist(nodes) + "\n")
+        _write(root, "sys/devices/system/node/possible", format_cpulist(nodes) + "\n")
+        with_cpus = [n for n, cpus in nodes.items() if cpus]
+        _write(root, "sys/devices/system/node/has_cpu", format_cpulist(with_cpus) + "\n")
     for gpu in spec.gpus:
         base = f"sys/bus/pci/devices/{parse_pci_address(gpu.address)}"
         _write(root, f"{base}/class", f"{gpu.class_code:#08x}\n")

@@ -10,10 +10,11 @@ _NUMBER = re.compile(r"\(P#(\d+)")
 
 
 def _bitmap(text):
-    """hwloc's bitmap: comma-separated 0x words, most significant first."""
+    """hwloc's bitmap: comma-separated 0x words, most significant first; an
+    empty word (``0x1,,,0x2``) is a zero one."""
     value = 0
     for word in text.split(","):
-        value = (value << 32) | int(word, 16)
+        value = (value << 32) | (int(word, 16) if word else 0)
     return {i for i in range(value.bit_length()) if value >> i & 1}
 
 

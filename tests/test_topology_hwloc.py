@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cpupin.hosts import HOSTS, build_tree
 from cpupin.topology import read_host
 
 from .hwloc_oracle import from_console, from_xml
@@ -85,3 +86,30 @@ def test_a_capture_reads_without_a_traceback(unpacked, name):
     host = read_host(unpacked[name])
     assert host.cpus
     assert all(isinstance(reason, str) for reason in host.reasons)
+
+
+LSTOPO = shutil.which("lstopo-no-graphics")
+
+
+def hwloc_reads(root):
+    """hwloc's cores and nodes for a tree (its x86 backend off: it would mix
+    in this machine's own CPUID)."""
+    env = {**os.environ, "HWLOC_FSROOT": str(root), "HWLOC_COMPONENTS": "-x86"}
+    out = subprocess.run(
+        [LSTOPO, "--of", "xml", "-"], env=env, capture_output=True, text=True, check=True
+    )
+    return from_xml(out.stdout)
+
+
+@pytest.mark.skipif(LSTOPO is None, reason="needs hwloc's lstopo (apt-get install hwloc)")
+@pytest.mark.parametrize("name", sorted(HOSTS))
+def test_the_shipped_hosts_as_hwloc_reads_their_trees(fast_dir, name):
+    """The builder writes trees that hwloc reads as the spec says, so they are
+    trees a real kernel could show."""
+    with fast_dir() as root:
+        build_tree(HOSTS[name], root)
+        cores, nodes, pus = hwloc_reads(root)
+        host = read_host(root)
+    assert pus == host.cpus
+    assert cores == {frozenset(core.cpus) for core in host.cores}
+    assert {n: c for n, c in nodes.items() if c} == {n.id: n.cpus for n in host.cpu_nodes}

@@ -1,0 +1,88 @@
+"""Reading a host's topology: cpupin against what a user might run instead.
+
+Prints the environment, then per-call medians: ``read_host`` of the shipped
+DGX H100 tree (224 CPUs) and of this machine, the CPU plan, and hwloc's
+``lstopo`` on the same tree (``HWLOC_FSROOT``) when it is installed, and
+``psutil.cpu_count`` on this machine.
+
+    python bench/topo.py [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _env import describe, fmt_ns, paired  # noqa: E402
+
+from cpupin.cpuplan import CpuPlan  # noqa: E402
+from cpupin.hosts import _built, host_named  # noqa: E402
+from cpupin.topology import read_host  # noqa: E402
+
+
+def timed(cmd: list[str], env: dict[str, str], rounds: int) -> float:
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter_ns()
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
+        samples.append(time.perf_counter_ns() - start)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--host", default="dgx-h100")
+    args = parser.parse_args()
+    print(describe())
+    print()
+    root = _built(args.host)
+    host = host_named(args.host)
+    print(f"tree: {args.host}, {len(host.cpus)} CPUs, {len(host.gpus)} GPUs, {root}")
+    print()
+    print("| what | median |")
+    print("|---|---|")
+    times = paired(
+        {
+            f"read_host({args.host} tree)": lambda: read_host(root),
+            "CpuPlan.for_host": lambda: CpuPlan.for_host(host).pool_size(),
+            "read_host('/') (this machine)": lambda: read_host("/"),
+        },
+        20,
+        args.rounds,
+    )
+    try:
+        import psutil
+
+        times.update(
+            paired(
+                {"psutil.cpu_count(logical=False)": lambda: psutil.cpu_count(logical=False)},
+                200,
+                args.rounds,
+            )
+        )
+    except ImportError:
+        pass
+    for what, ns in times.items():
+        print(f"| `{what}` | {fmt_ns(ns)} |")
+    lstopo = shutil.which("lstopo-no-graphics")
+    if lstopo:
+        env = {**os.environ, "HWLOC_FSROOT": root, "HWLOC_COMPONENTS": "-x86"}
+        ns = timed([lstopo, "--of", "xml", "-"], env, args.rounds)
+        print(f"| `HWLOC_FSROOT=tree lstopo-no-graphics --of xml` (a process) | {fmt_ns(ns)} |")
+        ns = timed([sys.executable, "-c", "pass"], dict(os.environ), args.rounds)
+        print(f"| `python -c pass` (a process, for scale) | {fmt_ns(ns)} |")
+    else:
+        print("| lstopo | not installed (apt-get install hwloc) |")
+
+
+if __name__ == "__main__":
+    main()
