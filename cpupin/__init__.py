@@ -1,8 +1,9 @@
 """cpupin: pin the threads of a GPU model-serving runtime to the right CPUs.
 
 The native layer (tids, the current CPU, thread affinity with CPU sets sized
-at run time, schedstat reads), CPU lists, and the process mask. See the
-README for the guide.
+at run time, schedstat reads), CPU lists and the process mask; the host's
+topology and the CPU plan; placement, the lock per GPU and the server plan.
+See the README for the guide.
 """
 
 from __future__ import annotations
@@ -20,13 +21,39 @@ from ._native import (
     thread_stats,
 )
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
-from .errors import UnsupportedPlatform
+from .cpuplan import CpuPlan
+from .errors import PlanError, UnsupportedPlatform
+from .lock import Claim, claim_gpus
+from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
 from .process import process_cpus, set_process_cpus
+from .server import ServerPlan, child_env, plan_server, resolve_devices
+from .topology import Core, Gpu, Host, IdleState, Node, Quota, parse_pci_address, read_host
 
 __version__ = "0.1.0"
 
 __all__ = [
     "HAVE_AFFINITY",
+    "Claim",
+    "Core",
+    "CpuPlan",
+    "Gpu",
+    "Host",
+    "IdleState",
+    "Node",
+    "PlanError",
+    "Placement",
+    "Quota",
+    "ServerPlan",
+    "WorkerPlacement",
+    "child_env",
+    "claim_gpus",
+    "parse_pci_address",
+    "parse_setting",
+    "place",
+    "plan_server",
+    "read_host",
+    "resolve_devices",
+    "setting_from_env",
     "SchedStat",
     "ThreadStat",
     "UnsupportedPlatform",

@@ -185,6 +185,109 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tag(kind: str):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> tuple[str, str]:
+        return kind, text
+
+    return parse
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .cpulist import format_cpulist, parse_cpulist
+    from .placement import parse_setting, place
+    from .server import OPENMP_AFFINITY_VARS
+
+    ignored = [n for n in os.environ if n.startswith("CPUPIN_") or n in OPENMP_AFFINITY_VARS]
+    if ignored:
+        print(
+            f"note: the dry run plans from its arguments alone; it ignores {', '.join(ignored)}",
+            file=sys.stderr,
+        )
+    setting = parse_setting(args.setting)
+    host, title, mask = _load_host(args)
+    if args.mask is not None:
+        mask = parse_cpulist(args.mask)
+    allowed = frozenset(mask) & host.cpus
+    if args.all_gpus or not args.entries:
+        if not host.gpus and not args.entries:
+            raise ValueError(f"{title} has no GPU: name worker slots with --gpu or --device")
+        servers = [[g.address] for g in host.gpus]
+    else:
+        servers = [[_device(kind, text, host) for kind, text in args.entries]]
+    placements = [place(host, allowed, devices, setting) for devices in servers]
+    if args.json:
+        _print_json(
+            {
+                "setting": str(setting),
+                "mask": format_cpulist(allowed),
+                "servers": [
+                    {
+                        "devices": list(p.devices),
+                        "pinned": p.pinned,
+                        "reason": p.reason,
+                        "workers": [{"device": w.device, "cpus": list(w.cpus)} for w in p.workers],
+                        "result_cpu": p.result_cpu,
+                    }
+                    for p in placements
+                ],
+            }
+        )
+        return 0
+    print(
+        f"{title}\nsetting {setting}, mask {format_cpulist(allowed)} ({len(allowed)} CPUs); "
+        "a dry run: no lock taken"
+    )
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    owner: dict[int, str] = {}
+    for i, p in enumerate(placements):
+        letter = letters[i % 26]
+        if p.pinned:
+            steps = "; ".join(f"{w.device} on {format_cpulist(w.cpus)}" for w in p.workers)
+            print(f"  {letter}  step {steps}; result on {p.result_cpu}")
+        else:
+            print(f"  {letter}  {', '.join(p.devices)}: pins nothing: {p.reason}")
+        for w in p.workers:
+            for cpu in w.cpus:
+                owner[cpu] = letter if cpu not in owner else "*"
+        if p.result_cpu is not None:
+            owner[p.result_cpu] = letter.lower() if p.result_cpu not in owner else "*"
+    print(
+        "cores of each node (A: a server's step core, a: its result CPU, .: free, "
+        "' ': outside the mask)"
+    )
+    for node in host.cpu_nodes:
+        cells = []
+        for core in host.cores:
+            if core.cpus[0] not in node.cpus:
+                continue
+            marks = [owner.get(cpu) for cpu in core.cpus if cpu in allowed]
+            if not any(cpu in allowed for cpu in core.cpus):
+                cells.append(" ")
+            else:
+                cells.append(next((m for m in marks if m), "."))
+        groups = " ".join("".join(cells[i : i + 8]) for i in range(0, len(cells), 8))
+        gpus = " ".join(g.address for g in host.gpus if g.node == node.id)
+        print(f"  node {node.id:<3} {groups}" + (f"  GPUs {gpus}" if gpus else ""))
+    return 0
+
+
+def _device(kind: str, text: str, host) -> str:  # type: ignore[no-untyped-def]
+    from .errors import PlanError
+    from .topology import parse_pci_address
+
+    if kind == "gpu":
+        return parse_pci_address(text)
+    if not (text.isascii() and text.isdigit()):
+        raise PlanError(f"--device {text!r} is not a device index")
+    index = int(text)
+    if index >= len(host.gpus):
+        raise PlanError(
+            f"--device {index} is past the host's {len(host.gpus)} GPU(s) (indexes "
+            "count them in PCI order)"
+        )
+    return host.gpus[index].address
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cpupin",
@@ -204,6 +307,40 @@ def build_parser() -> argparse.ArgumentParser:
     _host_arg(topo)
     topo.add_argument("--json", action="store_true", help="print JSON")
     topo.set_defaults(handler=_cmd_topo)
+
+    plan = sub.add_parser(
+        "plan", help="a dry run: where each server's threads would go (takes no lock)"
+    )
+    _host_arg(plan)
+    plan.add_argument(
+        "--mask",
+        metavar="CPULIST",
+        help="the process mask (default: this process's, or all of a --host/--root host's)",
+    )
+    plan.add_argument("--setting", default="auto", help="off, auto (default) or a CPU number")
+    plan.add_argument(
+        "--gpu",
+        dest="entries",
+        action="append",
+        type=_tag("gpu"),
+        metavar="ADDR",
+        help="a worker on this GPU; repeat for more workers",
+    )
+    plan.add_argument(
+        "--device",
+        dest="entries",
+        action="append",
+        type=_tag("device"),
+        metavar="INDEX",
+        help="a worker on the host's INDEX-th GPU (PCI order)",
+    )
+    plan.add_argument(
+        "--all-gpus",
+        action="store_true",
+        help="one single-worker server per host GPU (the default)",
+    )
+    plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.set_defaults(handler=_cmd_plan)
     return parser
 
 

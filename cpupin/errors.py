@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["UnsupportedPlatform"]
+__all__ = ["PlanError", "UnsupportedPlatform"]
 
 
 class UnsupportedPlatform(OSError):
@@ -21,3 +21,12 @@ class UnsupportedPlatform(OSError):
             f"{os.strerror(errno.ENOSYS)}: cpupin was built without thread affinity on this "
             f"platform, so {what} is not available; cpupin pins threads on Linux only",
         )
+
+
+class PlanError(ValueError):
+    """A setting or device list that cannot be honoured at startup.
+
+    Raised for a bad ``step_thread_core`` value and for a CPU number the mask
+    cannot honour, with a message that names the value and what to do.
+    ``auto`` never raises it: a rule it cannot meet pins nothing instead.
+    """

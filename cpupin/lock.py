@@ -1,0 +1,256 @@
+"""The lock per GPU of PLACEMENT.md, safe in a directory anyone can write to.
+
+Under ``auto`` the API server claims every GPU of its deployment before
+anything starts: one ``flock(LOCK_EX | LOCK_NB)`` per GPU on
+``<lock dir>/cpupin-gpu-<address>.lock``, held for the process's life. The
+kernel drops a lock however its holder exits, so a dead server never blocks
+the next; the file is never unlinked (unlinking would let two servers lock
+two different files of one name).
+
+A shared ``/tmp`` is hostile ground, so the directory is opened with
+``O_DIRECTORY | O_NOFOLLOW`` and everything happens relative to it; a lock
+file is created with ``O_EXCL | O_NOFOLLOW`` and ``fchmod`` to 0644 (the
+umask is never touched), an existing one is opened read-only with
+``O_NOFOLLOW | O_NONBLOCK`` (a FIFO cannot block it), whatever is not a
+regular file is refused, and after locking the path must still name the
+locked inode. Every failure means: hold nothing, say why with the path.
+Nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .topology import parse_pci_address
+
+__all__ = ["ENV_LOCK_DIR", "Claim", "claim_gpus", "lock_path"]
+
+#: The environment variable naming the shared lock directory.
+ENV_LOCK_DIR = "CPUPIN_LOCK_DIR"
+
+
+def _lock_dir(lock_dir: str | os.PathLike[str] | None) -> str:
+    if lock_dir is not None:
+        return os.fspath(lock_dir)
+    return os.environ.get(ENV_LOCK_DIR) or "/tmp"
+
+
+def _file_name(address: str) -> str:
+    return f"cpupin-gpu-{address}.lock"
+
+
+def lock_path(address: str, lock_dir: str | os.PathLike[str] | None = None) -> str:
+    """The lock file of a GPU (``address`` in any spelling)."""
+    return os.path.join(_lock_dir(lock_dir), _file_name(parse_pci_address(address)))
+
+
+@dataclass
+class _Held:
+    fd: int
+    count: int
+    path: str
+
+
+# The locks this process holds, by GPU address, shared by its claims.
+_held: dict[str, _Held] = {}
+_held_lock = threading.Lock()
+_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    # The child shares the parent's open file descriptions: closing its copies
+    # leaves the parent's locks in place (LOCK_UN would release them).
+    global _generation, _held_lock
+    for held in _held.values():
+        try:
+            os.close(held.fd)
+        except OSError:
+            pass
+    _held.clear()
+    _held_lock = threading.Lock()
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _open_lock_file(dir_fd: int, name: str, path: str) -> int:
+    """An open descriptor of the regular lock file, created if need be."""
+    for _ in range(3):
+        try:
+            fd = os.open(
+                name,
+                os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+                dir_fd=dir_fd,
+            )
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                raise _Refused(f"cannot create {path}: {exc.strerror}") from None
+            # A directory we cannot write to may still hold the file.
+        else:
+            try:
+                os.fchmod(fd, 0o644)  # others must be able to open it to lock it
+            except OSError:
+                pass
+            return fd
+        try:
+            return os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+            )
+        except FileNotFoundError:
+            if not os.access(_dir_path(dir_fd), os.W_OK):
+                raise _Refused(
+                    f"cannot create {path}: the directory is not writable; point "
+                    f"{ENV_LOCK_DIR} at a directory every server can write"
+                ) from None
+            continue  # removed between the two opens: try again
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _Refused(f"{path} is a symbolic link; remove it") from None
+            raise _Refused(
+                f"cannot open {path}: {exc.strerror}; remove it, or point {ENV_LOCK_DIR} elsewhere"
+            ) from None
+    raise _Refused(f"{path} keeps disappearing while it is opened")
+
+
+def _dir_path(dir_fd: int) -> str:
+    return f"/proc/self/fd/{dir_fd}"
+
+
+def _lock_one(dir_fd: int, address: str, path: str) -> int:
+    name = _file_name(address)
+    for _ in range(3):
+        fd = _open_lock_file(dir_fd, name, path)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise _Refused(f"{path} is not a regular file; remove it")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise _Refused(f"another server holds GPU {address} (its lock is {path})") from None
+            except OSError as exc:
+                raise _Refused(
+                    f"cannot lock {path}: {exc.strerror} (locks do not work on that "
+                    f"filesystem); point {ENV_LOCK_DIR} at a local directory"
+                ) from None
+            try:
+                now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                now = None
+            if now is not None and (now.st_ino, now.st_dev) == (info.st_ino, info.st_dev):
+                return fd
+            # Replaced while we locked it: our lock is on a file nobody else sees.
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise _Refused(f"{path} keeps being replaced while it is locked")
+
+
+@dataclass
+class Claim:
+    """The locks of a server's GPUs. True when it holds every GPU asked for.
+
+    A refused claim holds nothing and says why in :attr:`reason`, naming the
+    GPU and the lock's path. :meth:`close` (or process exit) releases; locks
+    shared with another claim of this process stay until that one closes too.
+    """
+
+    addresses: tuple[str, ...]
+    held: bool
+    reason: str
+    paths: dict[str, str] = field(default_factory=dict)
+    _generation: int = -1
+    _closed: bool = False
+
+    def __bool__(self) -> bool:
+        return self.held and not self._closed
+
+    def close(self) -> None:
+        """Release this claim's share of its locks (idempotent)."""
+        if self._closed or not self.held:
+            self._closed = True
+            return
+        self._closed = True
+        if self._generation != _generation:
+            return  # claimed before a fork: this process never held it
+        with _held_lock:
+            for address in self.addresses:
+                _release(address)
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _release(address: str) -> None:
+    held = _held.get(address)
+    if held is None:
+        return
+    held.count -= 1
+    if held.count == 0:
+        del _held[address]
+        os.close(held.fd)  # releases the lock
+
+
+def claim_gpus(addresses: Iterable[str], lock_dir: str | os.PathLike[str] | None = None) -> Claim:
+    """Lock every GPU in ``addresses`` for this process, or none of them.
+
+    ``lock_dir`` defaults to ``$CPUPIN_LOCK_DIR``, else ``/tmp``. Each address
+    is validated (:class:`ValueError` for one that is not a PCI address)
+    before it reaches a path. Never blocks and never raises for a lock that
+    cannot be taken: the :class:`Claim` is then false, with the reason.
+    """
+    canonical = tuple(dict.fromkeys(parse_pci_address(a) for a in addresses))
+    directory = _lock_dir(lock_dir)
+    paths = {a: os.path.join(directory, _file_name(a)) for a in canonical}
+    if not canonical:
+        return Claim((), True, "no GPU to claim", paths, _generation)
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return Claim(
+            canonical,
+            False,
+            f"cannot open the lock directory {directory}: "
+            f"{exc.strerror}; point {ENV_LOCK_DIR} at a directory every server can "
+            "write",
+            paths,
+        )
+    taken: list[str] = []
+    try:
+        with _held_lock:
+            for address in canonical:
+                held = _held.get(address)
+                if held is not None:
+                    held.count += 1
+                else:
+                    fd = _lock_one(dir_fd, address, paths[address])
+                    _held[address] = _Held(fd, 1, paths[address])
+                taken.append(address)
+            generation = _generation
+    except _Refused as refused:
+        with _held_lock:
+            for address in taken:
+                _release(address)
+        return Claim(canonical, False, str(refused), paths)
+    finally:
+        os.close(dir_fd)
+    gpus = ", ".join(canonical)
+    return Claim(canonical, True, f"holds GPU {gpus} in {directory}", paths, generation)

@@ -1,0 +1,179 @@
+"""What a runtime's API server calls at startup, and what it passes on.
+
+:func:`plan_server` reads the host, resolves the device list, places the
+server's threads, claims its GPUs under ``auto``, and returns a
+:class:`ServerPlan`; :func:`child_env` gives the environment for the
+processes the server spawns, so that a server that stands aside makes its
+workers stand aside too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .cpuplan import CpuPlan
+from .errors import PlanError
+from .lock import Claim, claim_gpus
+from .placement import ENV_SETTING, Placement, parse_setting, place
+from .topology import Host, parse_pci_address, read_host
+
+__all__ = ["ServerPlan", "child_env", "plan_server", "resolve_devices"]
+
+log = logging.getLogger("cpupin")
+
+#: OpenMP runtimes that pin their own threads when these are set.
+OPENMP_AFFINITY_VARS = ("GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+
+def resolve_devices(
+    entries: Iterable[object], host: Host, environ: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
+    """PCI addresses for a device list.
+
+    An entry is a PCI address in any spelling, or a device index (an int, or
+    digits), which counts the devices ``CUDA_VISIBLE_DEVICES`` lists (indexes,
+    or GPU UUIDs through ``pynvml`` when it is installed) and those count the
+    host's GPUs in PCI order, as ``nvidia-smi`` and
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` number them. Raises :class:`PlanError`
+    naming an entry that cannot be resolved.
+    """
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    out = []
+    for entry in entries:
+        if isinstance(entry, int) and not isinstance(entry, bool):
+            index = entry
+        elif isinstance(entry, str) and entry.strip().isascii() and entry.strip().isdigit():
+            index = int(entry.strip())
+        elif isinstance(entry, str):
+            try:
+                out.append(parse_pci_address(entry))
+            except ValueError:
+                raise PlanError(
+                    f"device {entry!r} is neither a PCI address such as "
+                    "0000:3b:00.0 nor a device index"
+                ) from None
+            continue
+        else:
+            raise PlanError(f"device {entry!r} is neither a PCI address nor a device index")
+        out.append(_by_index(index, host, visible))
+    return tuple(out)
+
+
+def _by_index(index: int, host: Host, visible: str | None) -> str:
+    if index < 0:
+        raise PlanError(f"device index {index} is negative")
+    if visible is not None:
+        listed = [v.strip() for v in visible.split(",") if v.strip()]
+        if index >= len(listed):
+            raise PlanError(
+                f"device index {index} is past CUDA_VISIBLE_DEVICES={visible!r}, "
+                f"which lists {len(listed)} device(s)"
+            )
+        item = listed[index]
+        if not (item.isascii() and item.isdigit()):
+            return _by_uuid(item)
+        index = int(item)
+    if index >= len(host.gpus):
+        raise PlanError(f"device index {index} is past the host's {len(host.gpus)} GPU(s)")
+    return host.gpus[index].address
+
+
+def _by_uuid(uuid: str) -> str:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        raise PlanError(
+            f"CUDA_VISIBLE_DEVICES names {uuid!r}, a UUID: resolving it needs "
+            "pynvml (pip install 'cpupin[nvml]'), or give PCI addresses"
+        ) from None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        bus_id = pynvml.nvmlDeviceGetPciInfo(handle).busId
+    except Exception as exc:  # noqa: BLE001 - NVML raises its own error types
+        raise PlanError(f"NVML cannot resolve {uuid!r}: {exc}") from None
+    return parse_pci_address(bus_id.decode() if isinstance(bus_id, bytes) else bus_id)
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """What :func:`plan_server` decided: the placement, the claim that
+    backs it (``auto`` only) and the process's CPU plan."""
+
+    placement: Placement
+    claim: Claim | None
+    cpu_plan: CpuPlan
+    host: Host
+
+    @property
+    def pinned(self) -> bool:
+        return self.placement.pinned
+
+
+_stand_aside = threading.Event()
+
+
+def plan_server(
+    setting: object,
+    devices: Sequence[object],
+    *,
+    root: str | os.PathLike[str] = "/",
+    mask: Iterable[int] | None = None,
+    lock_dir: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ServerPlan:
+    """Plan a server at startup: read the host, place, claim under ``auto``.
+
+    ``setting`` is the runtime's config value (``None`` reads
+    ``CPUPIN_STEP_THREAD_CORE``). Raises :class:`PlanError` for a bad setting
+    or a CPU number that cannot be honoured. Under ``auto`` anything that
+    stops pinning (a rule, OpenMP's own affinity, another server holding a
+    GPU) pins nothing and logs a warning naming it; a server that stands
+    aside makes :func:`child_env` turn its workers' setting off.
+    """
+    from .process import process_cpus
+
+    env = os.environ if environ is None else environ
+    value = parse_setting(env.get(ENV_SETTING) if setting is None else setting)
+    host = read_host(root)
+    allowed = (frozenset(mask) if mask is not None else process_cpus()) & host.cpus
+    entries = resolve_devices(devices, host, env)
+    placement = place(host, allowed, entries, value)
+    claim = None
+    if value == "auto":
+        openmp = [name for name in OPENMP_AFFINITY_VARS if env.get(name)]
+        if openmp and placement.pinned:
+            placement = placement.unpinned(
+                f"{' and '.join(openmp)} set: the OpenMP runtime pins its threads itself, so "
+                f"auto pins nothing; unset {' and '.join(openmp)} to let cpupin place them"
+            )
+        if placement.pinned:
+            claim = claim_gpus(entries, lock_dir)
+            if not claim:
+                placement = placement.unpinned(f"nothing pinned: {claim.reason}")
+        if not placement.pinned:
+            log.warning("cpupin auto: %s", placement.reason)
+    if value == "auto" and not placement.pinned:
+        _stand_aside.set()
+    else:
+        _stand_aside.clear()
+    cpu_plan = CpuPlan.for_host(host, allowed, placement.cpus)
+    return ServerPlan(placement, claim, cpu_plan, host)
+
+
+def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a process this server spawns.
+
+    A copy of ``base`` (default ``os.environ``) with
+    ``CPUPIN_STEP_THREAD_CORE=off`` when :func:`plan_server` stood aside, so
+    the workers of a refused server pin nothing either.
+    """
+    env = dict(os.environ if base is None else base)
+    if _stand_aside.is_set():
+        env[ENV_SETTING] = "off"
+    return env
