@@ -19,7 +19,17 @@ from dataclasses import dataclass
 from functools import cache
 
 from .cpulist import format_cpulist
-from .topology import Host, parse_pci_address, read_host
+from .topology import (
+    GPU_VENDORS,
+    Core,
+    Gpu,
+    Host,
+    IdleState,
+    Node,
+    parse_pci_address,
+    pci_sort_key,
+    read_host,
+)
 
 __all__ = ["HOSTS", "GpuSpec", "HostSpec", "PciSpec", "build_tree", "host_named"]
 
@@ -121,6 +131,43 @@ class HostSpec:
 
     def package_of_node(self, node: int) -> int:
         return node // self.nodes_per_socket
+
+    def to_host(self) -> Host:
+        """The :class:`Host` this spec describes, built in memory: what
+        ``read_host`` of its tree must return (but ``root`` and ``reasons``)."""
+        nodes = self.node_cpus()
+        cpu_nodes = [n for n, cpus in nodes.items() if cpus]
+        online = self.online()
+        gpus = []
+        for g in self.gpus:
+            node = g.node if g.node >= 0 and self.numa else (
+                cpu_nodes[0] if len(cpu_nodes) == 1 else None)
+            if g.local_cpulist:
+                local: frozenset[int] | None = nodes.get(g.node, online) if self.numa else online
+            else:
+                local = nodes.get(node) or None if node is not None else None
+            gpus.append(Gpu(parse_pci_address(g.address), GPU_VENDORS[g.vendor], g.vendor,
+                            g.class_code, node, local))
+        states = tuple(IdleState(name, latency) for name, latency in self.idle_states)
+        cores = tuple(Core(cpus, self.package_of_node(self._node_of_core(cpus)))
+                      for cpus in self.core_cpus())
+        return Host(
+            root="",
+            cpus=online,
+            cores=cores,
+            nodes=tuple(Node(n, cpus) for n, cpus in sorted(nodes.items())),
+            gpus=tuple(sorted(gpus, key=lambda g: pci_sort_key(g.address))),
+            idle_states={p: states for p in sorted({c.package for c in cores})},
+            smt=self.threads > 1,
+            cpuset=online if self.cpuset is None else None,
+            hypervisor=self.hypervisor,
+        )
+
+    def _node_of_core(self, cpus: tuple[int, ...]) -> int:
+        for c in range(self.cores_count):
+            if self.cpu(c, 0) in cpus or any(self.cpu(c, t) in cpus for t in range(self.threads)):
+                return c // self.cores_per_node
+        raise ValueError(cpus)
 
 
 def _write(root: str, rel: str, text: str) -> None:

@@ -249,11 +249,17 @@ def _place_cpu(
         )
     workers = tuple(WorkerPlacement(d, upward[k]) for k, d in enumerate(devices))
     steps = "; ".join(f"worker {k} on {format_cpulist(w.cpus)}" for k, w in enumerate(workers))
+    reason = f"step_thread_core {first}: {steps}; result threads on {result}"
+    if first not in workers[0].cpus:
+        reason += (
+            f" (CPU {first} shares its core with the result CPU {result}, so the workers "
+            "start at the next core)"
+        )
     return Placement(
         first,
         devices,
         True,
-        f"step_thread_core {first}: {steps}; result threads on {result}",
+        reason,
         workers,
         result,
     )

@@ -30,7 +30,11 @@ OPENMP_AFFINITY_VARS = ("GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 
 
 def resolve_devices(
-    entries: Iterable[object], host: Host, environ: Mapping[str, str] | None = None
+    entries: Iterable[object],
+    host: Host,
+    environ: Mapping[str, str] | None = None,
+    *,
+    strict: bool = True,
 ) -> tuple[str, ...]:
     """PCI addresses for a device list.
 
@@ -39,8 +43,18 @@ def resolve_devices(
     or GPU UUIDs through ``pynvml`` when it is installed) and those count the
     host's GPUs in PCI order, as ``nvidia-smi`` and
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` number them. Raises :class:`PlanError`
-    naming an entry that cannot be resolved.
+    naming an entry that cannot be resolved; with ``strict=False`` such an
+    entry stays as its text, a worker slot (what a CPU-number setting needs
+    on a host without GPUs).
     """
+    if not strict:
+        out = []
+        for entry in entries:
+            try:
+                out.extend(resolve_devices([entry], host, environ))
+            except PlanError:
+                out.append(str(entry))
+        return tuple(out)
     env = os.environ if environ is None else environ
     visible = env.get("CUDA_VISIBLE_DEVICES")
     out = []
@@ -142,7 +156,8 @@ def plan_server(
     value = parse_setting(env.get(ENV_SETTING) if setting is None else setting)
     host = read_host(root)
     allowed = (frozenset(mask) if mask is not None else process_cpus()) & host.cpus
-    entries = resolve_devices(devices, host, env)
+    # Under a CPU number the devices are only worker slots.
+    entries = resolve_devices(devices, host, env, strict=value == "auto")
     placement = place(host, allowed, entries, value)
     claim = None
     if value == "auto":

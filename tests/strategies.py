@@ -96,3 +96,25 @@ def host_specs(draw, max_cores=256):
         offline=offline,
         idle_states=draw(st.sampled_from(((("POLL", 0),), (("POLL", 0), ("C1", 1), ("C6", 170))))),
     )
+
+
+@st.composite
+def masks(draw, host):
+    """Masks users run under: the whole host, one node, ranges with and
+    without the siblings, scattered CPUs."""
+    cpus = sorted(host.cpus)
+    kind = draw(st.sampled_from(("all", "node", "range", "range+siblings", "scattered")))
+    if kind == "all" or not cpus:
+        return frozenset(cpus)
+    if kind == "node":
+        node = draw(st.sampled_from([n for n in host.nodes if n.cpus] or list(host.nodes)))
+        return node.cpus
+    if kind == "scattered":
+        return draw(st.frozensets(st.sampled_from(cpus), min_size=1))
+    firsts = sorted(core.cpus[0] for core in host.cores)
+    lo = draw(st.integers(0, len(firsts) - 1))
+    hi = draw(st.integers(lo, len(firsts) - 1))
+    chosen = [core for core in host.cores if firsts[lo] <= core.cpus[0] <= firsts[hi]]
+    if kind == "range":
+        return frozenset(core.cpus[0] for core in chosen)
+    return frozenset(cpu for core in chosen for cpu in core.cpus)

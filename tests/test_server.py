@@ -1,0 +1,219 @@
+"""plan_server and child_env: the startup path of a runtime's API server."""
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cpupin import PlanError, child_env, plan_server, resolve_devices
+from cpupin.cli import main
+from cpupin.hosts import HOSTS, build_tree, host_named
+
+GPU7 = "0000:fa:00.0"  # the second GPU of node 3 on xeon6-b300
+MASK = set(range(96, 104)) | set(range(224, 232))
+
+
+@pytest.fixture(scope="module")
+def b300_root(tmp_path_factory):
+    return build_tree(HOSTS["xeon6-b300"], tmp_path_factory.mktemp("b300"))
+
+
+def test_off_pins_nothing_and_takes_no_lock(b300_root, tmp_path):
+    plan = plan_server("off", [GPU7], root=b300_root, mask=MASK, lock_dir=tmp_path, environ={})
+    assert not plan.pinned and plan.claim is None
+    assert list(tmp_path.iterdir()) == []
+    assert (
+        child_env({})["CPUPIN_STEP_THREAD_CORE"]
+        if False
+        else "CPUPIN_STEP_THREAD_CORE" not in (child_env({}))
+    )
+
+
+def test_auto_places_claims_and_sizes_the_pools(b300_root, tmp_path):
+    plan = plan_server("auto", [GPU7], root=b300_root, mask=MASK, lock_dir=tmp_path, environ={})
+    try:
+        assert plan.pinned and plan.claim
+        assert plan.placement.step_cpus == ((97, 225),) and plan.placement.result_cpu == 102
+        assert plan.cpu_plan.pinned == {97, 225, 102}
+        assert plan.cpu_plan.pool_size() == 13
+        assert "CPUPIN_STEP_THREAD_CORE" not in child_env({})
+    finally:
+        plan.claim.close()
+
+
+SECOND_SERVER = """
+import json, logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+from cpupin import plan_server, child_env
+p = plan_server("auto", [{gpu!r}], root={root!r}, mask={mask!r}, lock_dir={lock!r}, environ={{}})
+print(json.dumps({{"pinned": p.pinned, "reason": p.placement.reason,
+                  "child": child_env({{}}).get("CPUPIN_STEP_THREAD_CORE")}}))
+"""
+
+
+def second_server(root, lock_dir):
+    code = SECOND_SERVER.format(gpu=GPU7, root=str(root), mask=sorted(MASK), lock=str(lock_dir))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return json.loads(out.stdout), out.stderr
+
+
+def test_a_second_server_on_the_gpu_stands_aside_and_its_workers_too(b300_root, tmp_path):
+    first = plan_server("auto", [GPU7], root=b300_root, mask=MASK, lock_dir=tmp_path, environ={})
+    try:
+        result, stderr = second_server(b300_root, tmp_path)
+        assert not result["pinned"]
+        assert f"another server holds GPU {GPU7}" in result["reason"]
+        assert str(tmp_path / f"cpupin-gpu-{GPU7}.lock") in result["reason"]
+        assert result["child"] == "off"
+        assert "cpupin auto" in stderr and GPU7 in stderr  # the warning
+    finally:
+        first.claim.close()
+    result, _ = second_server(b300_root, tmp_path)
+    assert result["pinned"] and result["child"] is None
+
+
+@pytest.mark.parametrize("var", ["GOMP_CPU_AFFINITY", "KMP_AFFINITY"])
+def test_openmp_affinity_makes_auto_pin_nothing(b300_root, tmp_path, var, caplog):
+    with caplog.at_level(logging.WARNING, logger="cpupin"):
+        plan = plan_server(
+            "auto", [GPU7], root=b300_root, mask=MASK, lock_dir=tmp_path, environ={var: "0-3"}
+        )
+    assert not plan.pinned and var in plan.placement.reason and plan.claim is None
+    assert var in caplog.text
+    assert child_env({})["CPUPIN_STEP_THREAD_CORE"] == "off"
+
+
+def test_the_setting_comes_from_the_environment_when_none_is_given(b300_root, tmp_path):
+    plan = plan_server(
+        None,
+        ["w0"],
+        root=b300_root,
+        mask=MASK,
+        lock_dir=tmp_path,
+        environ={"CPUPIN_STEP_THREAD_CORE": "97"},
+    )
+    assert plan.placement.step_cpus == ((97, 225),) and plan.claim is None
+    with pytest.raises(PlanError, match="step_thread_core 5 is outside the process mask"):
+        plan_server(5, ["w0"], root=b300_root, mask=MASK, lock_dir=tmp_path, environ={})
+
+
+def test_devices_by_index_through_cuda_visible_devices():
+    host = host_named("dgx-h100")
+    assert resolve_devices([0, "1"], host, {}) == ("0000:18:00.0", "0000:2a:00.0")
+    assert resolve_devices([0, 1], host, {"CUDA_VISIBLE_DEVICES": "7,5"}) == (
+        "0000:db:00.0",
+        "0000:ab:00.0",
+    )
+    assert resolve_devices(["00000000:9A:00.0"], host, {}) == ("0000:9a:00.0",)
+
+
+@pytest.mark.parametrize(
+    "entries, env, says",
+    [
+        ([8], {}, r"past the host's 8 GPU\(s\)"),
+        ([2], {"CUDA_VISIBLE_DEVICES": "0,1"}, "lists 2"),
+        (["gpu0"], {}, "neither a PCI address"),
+        ([-1], {}, "negative"),
+        ([1.5], {}, "1.5"),
+    ],
+)
+def test_devices_that_cannot_be_resolved_name_the_entry(entries, env, says):
+    with pytest.raises(PlanError, match=says):
+        resolve_devices(entries, host_named("dgx-h100"), env)
+
+
+def test_a_gpu_uuid_without_pynvml_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(PlanError, match="pynvml"):
+        resolve_devices(
+            [0],
+            host_named("dgx-h100"),
+            {"CUDA_VISIBLE_DEVICES": "GPU-8d3f2a10-0000-0000-0000-000000000000"},
+        )
+
+
+# --- cpupin plan ----------------------------------------------------------------
+
+
+def plan_json(*args, capsys):
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_all_gpus_of_the_dgx_h100_is_eight_disjoint_placements(capsys):
+    data = plan_json("--host", "dgx-h100", "--all-gpus", capsys=capsys)
+    assert set(data) == {"setting", "mask", "servers"}
+    assert data["setting"] == "auto" and data["mask"] == "0-223"
+    servers = data["servers"]
+    assert len(servers) == 8 and all(s["pinned"] for s in servers)
+    assert servers[0] == {
+        "devices": ["0000:18:00.0"],
+        "pinned": True,
+        "reason": servers[0]["reason"],
+        "workers": [{"device": "0000:18:00.0", "cpus": [0, 112]}],
+        "result_cpu": 55,
+    }
+    cpus = [set(w["cpus"]) | {s["result_cpu"]} for s in servers for w in s["workers"]]
+    assert sum(map(len, cpus)) == len(set().union(*cpus)) == 24
+
+
+def test_plan_of_one_server_with_a_split_config(capsys):
+    data = plan_json(
+        "--host",
+        "xeon6-b300",
+        "--mask",
+        "96-127,224-255",
+        "--gpu",
+        GPU7,
+        "--device",
+        "7",
+        capsys=capsys,
+    )
+    (server,) = data["servers"]
+    assert server["workers"] == [
+        {"device": GPU7, "cpus": [97, 225]},
+        {"device": GPU7, "cpus": [99, 227]},
+    ]
+
+
+def test_plan_that_pins_nothing_has_no_workers_and_a_null_result(capsys):
+    data = plan_json(
+        "--host", "xeon6-b300", "--mask", "32-39", "--gpu", "0000:17:00.0", capsys=capsys
+    )
+    (server,) = data["servers"]
+    assert server["pinned"] is False and server["workers"] == [] and server["result_cpu"] is None
+    assert "4 core(s) for 6 GPU(s), and each needs two" in server["reason"]
+
+
+def test_plan_ignores_the_environment_and_says_so(monkeypatch, capsys):
+    monkeypatch.setenv("CPUPIN_STEP_THREAD_CORE", "off")
+    monkeypatch.setenv("GOMP_CPU_AFFINITY", "0-3")
+    data = plan_json("--host", "dgx-h100", capsys=capsys)
+    assert all(s["pinned"] for s in data["servers"])
+    assert main(["plan", "--host", "dgx-h100", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "CPUPIN_STEP_THREAD_CORE" in err and "GOMP_CPU_AFFINITY" in err
+
+
+def test_plan_with_a_setting_that_fails_exits_2_with_its_message():
+    code = textwrap.dedent("""
+        import sys
+        from cpupin.cli import main
+        sys.exit(main(["plan", "--host", "xeon6-b300", "--mask", "96-103", "--setting", "101",
+                       "--gpu", "0000:e4:00.0", "--gpu", "0000:e4:00.0", "--gpu", "0000:fa:00.0"]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 2
+    assert "step_thread_core 101 leaves no allowed CPU for worker 2 in 96-103" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_plan_human_view_draws_the_cores_of_each_node(capsys):
+    assert main(["plan", "--host", "dgx-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "ABCD" in out and "dcba" in out and "no lock taken" in out
