@@ -140,17 +140,29 @@ class HostSpec:
         online = self.online()
         gpus = []
         for g in self.gpus:
-            node = g.node if g.node >= 0 and self.numa else (
-                cpu_nodes[0] if len(cpu_nodes) == 1 else None)
+            node = (
+                g.node
+                if g.node >= 0 and self.numa
+                else (cpu_nodes[0] if len(cpu_nodes) == 1 else None)
+            )
             if g.local_cpulist:
                 local: frozenset[int] | None = nodes.get(g.node, online) if self.numa else online
             else:
                 local = nodes.get(node) or None if node is not None else None
-            gpus.append(Gpu(parse_pci_address(g.address), GPU_VENDORS[g.vendor], g.vendor,
-                            g.class_code, node, local))
+            gpus.append(
+                Gpu(
+                    parse_pci_address(g.address),
+                    GPU_VENDORS[g.vendor],
+                    g.vendor,
+                    g.class_code,
+                    node,
+                    local,
+                )
+            )
         states = tuple(IdleState(name, latency) for name, latency in self.idle_states)
-        cores = tuple(Core(cpus, self.package_of_node(self._node_of_core(cpus)))
-                      for cpus in self.core_cpus())
+        cores = tuple(
+            Core(cpus, self.package_of_node(self._node_of_core(cpus))) for cpus in self.core_cpus()
+        )
         return Host(
             root="",
             cpus=online,
