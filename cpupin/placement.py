@@ -239,8 +239,8 @@ def _place_cpu(
         )
     cores = _allowed_cores(host, allowed)
     result = max(allowed)
-    upward = [core for core in cores if core[0] >= min(c for c in cores if first in c)[0]]
-    upward = [core for core in upward if result not in core]
+    start = next(core[0] for core in cores if first in core)
+    upward = [core for core in cores if core[0] >= start and result not in core]
     if len(upward) < len(devices):
         raise PlanError(
             f"step_thread_core {first} leaves no allowed CPU for worker "

@@ -1,0 +1,75 @@
+"""Placement speed: ``place`` on the DGX H100 and on a 4096-CPU host, and
+``plan_server`` end to end from sysfs (read, place, claim).
+
+    python bench/plan.py [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _env import describe, fmt_ns, paired  # noqa: E402
+
+from cpupin.hosts import HOSTS, GpuSpec, HostSpec, _built, host_named  # noqa: E402
+from cpupin.placement import place  # noqa: E402
+from cpupin.server import plan_server  # noqa: E402
+
+BIG = HostSpec(
+    "4096-cpus",
+    "8 sockets x 4 nodes x 64 cores x 2 threads, 16 GPUs",
+    sockets=8,
+    nodes_per_socket=4,
+    cores_per_node=64,
+    threads=2,
+    gpus=tuple(GpuSpec(f"0000:{0x10 + 8 * i:02x}:00.0", i % 32) for i in range(16)),
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    print(describe())
+    print()
+    dgx = host_named("dgx-h100")
+    big = BIG.to_host()
+    dgx_gpu = dgx.gpus[5].address
+    big_gpu = big.gpus[9].address
+    root = _built("dgx-h100")
+    lock_dir = tempfile.mkdtemp(prefix="cpupin-bench-lock-")
+
+    def end_to_end() -> None:
+        plan = plan_server(
+            "auto", [dgx_gpu], root=root, mask=dgx.cpus, lock_dir=lock_dir, environ={}
+        )
+        assert plan.pinned, plan.placement.reason
+        plan.claim.close()
+
+    print(f"hosts: {HOSTS['dgx-h100'].description}; {BIG.description} ({len(big.cpus)} CPUs)")
+    print()
+    print("| what | median |")
+    print("|---|---|")
+    times = paired(
+        {
+            "place(dgx-h100, one GPU)": lambda: place(dgx, dgx.cpus, [dgx_gpu], "auto"),
+            "place(dgx-h100, all 8 GPUs one by one)": lambda: [
+                place(dgx, dgx.cpus, [g.address], "auto") for g in dgx.gpus
+            ],
+            "place(4096-CPU host, one GPU)": lambda: place(big, big.cpus, [big_gpu], "auto"),
+            "place(dgx-h100, CPU number 5, 2 workers)": lambda: place(dgx, dgx.cpus, ["a", "b"], 5),
+            "plan_server(dgx-h100 tree): read, place, claim": end_to_end,
+        },
+        50,
+        args.rounds,
+    )
+    for what, ns in times.items():
+        print(f"| `{what}` | {fmt_ns(ns)} |")
+
+
+if __name__ == "__main__":
+    main()
