@@ -2,7 +2,8 @@
 
 The native layer (tids, the current CPU, thread affinity with CPU sets sized
 at run time, schedstat reads), CPU lists and the process mask; the host's
-topology and the CPU plan; placement, the lock per GPU and the server plan.
+topology and the CPU plan; placement, the lock per GPU and the server plan;
+threads and pools that start on the process mask, and pinning step threads.
 See the README for the guide.
 """
 
@@ -27,6 +28,17 @@ from .lock import Claim, claim_gpus
 from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
 from .process import process_cpus, set_process_cpus
 from .server import ServerPlan, child_env, plan_server, resolve_devices
+from .threads import (
+    Pin,
+    Thread,
+    ThreadInfo,
+    ThreadPool,
+    pin_current_thread,
+    pin_step_thread,
+    pinned_threads,
+    register_warmup,
+    stray_threads,
+)
 from .topology import Core, Gpu, Host, IdleState, Node, Quota, parse_pci_address, read_host
 
 __version__ = "0.1.0"
@@ -43,12 +55,21 @@ __all__ = [
     "PlanError",
     "Placement",
     "Quota",
+    "Pin",
     "ServerPlan",
+    "Thread",
+    "ThreadInfo",
+    "ThreadPool",
     "WorkerPlacement",
     "child_env",
     "claim_gpus",
     "parse_pci_address",
     "parse_setting",
+    "pin_current_thread",
+    "pin_step_thread",
+    "pinned_threads",
+    "register_warmup",
+    "stray_threads",
     "place",
     "plan_server",
     "read_host",

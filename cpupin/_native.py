@@ -204,6 +204,31 @@ def get_affinity(tid: int = 0) -> frozenset[int]:
     return cpus if cpus is not None else _key_set(key)
 
 
+def mask_key(tid: int = 0) -> object:
+    """The calling thread's (or ``tid``'s) mask as its significant 64-bit
+    words: an int for a mask within CPUs 0-63, else a tuple. Cheaper than
+    :func:`get_affinity` where only a comparison with :func:`key_of` is
+    needed (a thread's start)."""
+    try:
+        io = _tls.io
+    except AttributeError:
+        io = _thread_io()
+    io[0] = tid
+    rc = lib.cpupin_get_affinity(io)
+    if rc == 1:
+        return io[2]
+    if rc > 1:
+        return tuple(io[2 : 2 + rc])
+    cpus = _get_affinity_slow(tid, rc)
+    return key_of(cpus) if cpus else 0
+
+
+def key_of(cpus: frozenset[int]) -> object:
+    """The :func:`mask_key` that a mask of ``cpus`` has."""
+    entry = _encoded.get(cpus)
+    return (entry or _encode(cpus, 0))[1]
+
+
 def _get_affinity_slow(tid: int, rc: int) -> frozenset[int]:
     if rc == 0:
         return frozenset()

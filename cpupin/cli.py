@@ -288,6 +288,74 @@ def _device(kind: str, text: str, host) -> str:  # type: ignore[no-untyped-def]
     return host.gpus[index].address
 
 
+def _process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[int], str]:
+    from .cpulist import parse_cpulist
+    from .process import ENV_PROCESS_CPUS
+
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(ENV_PROCESS_CPUS.encode() + b"="):
+                    text = item.split(b"=", 1)[1].decode("ascii", "replace")
+                    return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
+    except (OSError, ValueError):
+        pass
+    return max(masks, key=len), "the widest mask among its threads"
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from . import _native
+    from .cpulist import format_cpulist
+
+    threads = []
+    for st in _native.thread_stats(args.pid):
+        try:
+            threads.append((st, _native.get_affinity(st.tid)))
+        except ProcessLookupError:
+            continue
+    if not threads:
+        raise ProcessLookupError(3, "No such process", f"pid {args.pid}")
+    mask, source = _process_mask_of(args.pid, [m for _, m in threads])
+    groups: dict[frozenset[int], list[tuple[int, str]]] = {}
+    for st, cpus in threads:
+        groups.setdefault(cpus, []).append((st.tid, st.name))
+    narrow = {cpus: members for cpus, members in groups.items() if cpus != mask}
+    if args.json:
+        _print_json(
+            {
+                "pid": args.pid,
+                "process_mask": format_cpulist(mask),
+                "process_mask_from": source,
+                "groups": [
+                    {
+                        "mask": format_cpulist(cpus),
+                        "narrower": cpus != mask,
+                        "threads": [{"tid": tid, "name": name} for tid, name in members],
+                    }
+                    for cpus, members in sorted(
+                        groups.items(), key=lambda kv: (-len(kv[0]), sorted(kv[0]))
+                    )
+                ],
+            }
+        )
+    else:
+        print(
+            f"pid {args.pid}: {len(threads)} threads; process mask {format_cpulist(mask)} "
+            f"({source})"
+        )
+        on_mask = groups.get(mask, [])
+        print(f"  {len(on_mask)} thread(s) on the process mask")
+        for cpus, members in sorted(narrow.items(), key=lambda kv: sorted(kv[0])):
+            names = ", ".join(f"{name} ({tid})" for tid, name in members)
+            print(f"  on {format_cpulist(cpus)}: {names}")
+        if narrow:
+            print(
+                "  From outside, a deliberate pin and a stray look the same; inside the "
+                "process, cpupin.stray_threads() tells them apart."
+            )
+    return 1 if narrow and args.fail_on_narrow else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cpupin",
@@ -341,6 +409,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print JSON")
     plan.set_defaults(handler=_cmd_plan)
+
+    audit = sub.add_parser(
+        "audit", help="group another process's threads by CPU mask; list the narrower ones"
+    )
+    audit.add_argument("pid", type=int, help="process id")
+    audit.add_argument("--json", action="store_true", help="print JSON")
+    audit.add_argument(
+        "--fail-on-narrow",
+        action="store_true",
+        help="exit 1 when any thread is on a narrower mask than the process's",
+    )
+    audit.set_defaults(handler=_cmd_audit)
     return parser
 
 

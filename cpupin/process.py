@@ -3,19 +3,23 @@
 A thread's own mask changes when it is pinned; the process mask does not. It
 is recorded once, at import, from the main thread (whose tid is the pid), so
 that importing cpupin from a thread that is already pinned, or pinning any
-thread later, never changes it.
+thread later, never changes it. A child started with :func:`cpupin.child_env`
+takes it from ``CPUPIN_PROCESS_CPUS`` instead.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterable
 
 from . import _native
-from .cpulist import format_cpulist
+from .cpulist import format_cpulist, parse_cpulist
 
-__all__ = ["process_cpus", "set_process_cpus"]
+log = logging.getLogger("cpupin")
+
+__all__ = ["ENV_PROCESS_CPUS", "process_cpus", "set_process_cpus"]
 
 _lock = threading.Lock()
 
@@ -30,7 +34,27 @@ def _record() -> frozenset[int] | None:
         return _native.get_affinity(0)
 
 
-_process_cpus: frozenset[int] | None = _record()
+#: The environment variable that carries the process mask to a child.
+ENV_PROCESS_CPUS = "CPUPIN_PROCESS_CPUS"
+
+
+def _inherit() -> frozenset[int] | None:
+    """The mask a parent passed in ``CPUPIN_PROCESS_CPUS``, with the main
+    thread moved onto it: a process started from a pinned thread inherits
+    the pin, and would otherwise record it as its process mask."""
+    text = os.environ.get(ENV_PROCESS_CPUS)
+    if text is None or not _native.HAVE_AFFINITY:
+        return None
+    try:
+        cpus = parse_cpulist(text)
+        _native.set_affinity(cpus, os.getpid())
+    except (ValueError, OSError) as exc:
+        log.warning("cpupin: %s=%r not used: %s", ENV_PROCESS_CPUS, text, exc)
+        return None
+    return cpus
+
+
+_process_cpus: frozenset[int] | None = _inherit() or _record()
 
 
 def process_cpus() -> frozenset[int]:

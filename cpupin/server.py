@@ -184,11 +184,20 @@ def plan_server(
 def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a process this server spawns.
 
-    A copy of ``base`` (default ``os.environ``) with
+    A copy of ``base`` (default ``os.environ``) with the process mask in
+    ``CPUPIN_PROCESS_CPUS`` (a child started from a pinned thread would
+    otherwise take that pin for its whole mask) and
     ``CPUPIN_STEP_THREAD_CORE=off`` when :func:`plan_server` stood aside, so
     the workers of a refused server pin nothing either.
     """
+    from .cpulist import format_cpulist
+    from .process import ENV_PROCESS_CPUS, process_cpus
+
     env = dict(os.environ if base is None else base)
     if _stand_aside.is_set():
         env[ENV_SETTING] = "off"
+    try:
+        env[ENV_PROCESS_CPUS] = format_cpulist(process_cpus())
+    except OSError:  # no affinity on this platform
+        pass
     return env

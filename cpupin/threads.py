@@ -1,0 +1,271 @@
+"""Threads that start on the process mask, and pinning a step thread.
+
+A thread starts with its creator's CPU mask. Once a runtime pins its step
+thread to one core, every pool, helper and library thread started from it
+lands on that core too and queues behind it. :class:`Thread` and
+:class:`ThreadPool` are drop-in replacements for ``threading.Thread`` and
+``ThreadPoolExecutor`` whose threads move to :func:`~cpupin.process_cpus`
+before any user code runs; :func:`pin_step_thread` pins a step thread after
+warming the intra-op pools so that their threads start unpinned;
+:func:`stray_threads` finds the threads that slipped through.
+
+This is the one module under ``cpupin/`` allowed a bare ``threading.Thread``
+or ``ThreadPoolExecutor`` (ruff's TID251 refuses them elsewhere).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from . import _native
+from .cpulist import format_cpulist
+from .process import process_cpus
+
+__all__ = [
+    "Pin",
+    "Thread",
+    "ThreadInfo",
+    "ThreadPool",
+    "pin_current_thread",
+    "pin_step_thread",
+    "pinned_threads",
+    "register_warmup",
+    "stray_threads",
+]
+
+
+def to_process_mask() -> None:
+    """Move the calling thread to the process mask, unless it is there.
+
+    Reading the mask costs about a third of setting it, so a thread already
+    on the process mask (the common case) pays only the read.
+    """
+    cpus = process_cpus()
+    if _native.mask_key() != _native.key_of(cpus):
+        _native.set_affinity(cpus)
+
+
+class Thread(threading.Thread):
+    """A ``threading.Thread`` that starts on the process mask, whatever its
+    creator's mask.
+
+    Used exactly like ``threading.Thread``. :meth:`start` arranges for the new
+    thread to move to :func:`~cpupin.process_cpus` before any user code runs,
+    whatever ``run`` resolves to: a ``target``, a subclass's ``run`` that
+    never calls ``super().run()``, a mixin's ``run``, or a ``run`` assigned on
+    the instance. A direct ``t.run()`` call runs on the caller's thread and
+    mask, as it would with ``threading.Thread``.
+    """
+
+    def start(self) -> None:
+        own = self.__dict__.get("run")
+        run = self.run  # what the thread would run, however it resolves
+
+        def run_on_process_mask() -> None:
+            try:
+                if threading.current_thread() is self:
+                    to_process_mask()
+                run()
+            finally:
+                # Drop the wrapper (and with it the reference to self), as
+                # Thread.run drops its target.
+                if own is None:
+                    self.__dict__.pop("run", None)
+                else:
+                    self.__dict__["run"] = own
+
+        self.__dict__["run"] = run_on_process_mask
+        try:
+            super().start()
+        except BaseException:
+            if own is None:
+                self.__dict__.pop("run", None)
+            else:
+                self.__dict__["run"] = own
+            raise
+
+
+class _Initializer:
+    """A pool's initializer: the move to the process mask, then the user's."""
+
+    __slots__ = ("user",)
+
+    def __init__(self, user: Callable[..., object] | None) -> None:
+        self.user = user
+
+    def __call__(self, *args: object) -> None:
+        to_process_mask()
+        if self.user is not None:
+            self.user(*args)
+
+
+class ThreadPool(ThreadPoolExecutor):
+    """A ``ThreadPoolExecutor`` whose worker threads start on the process mask.
+
+    Same signature; a user ``initializer`` still runs in each worker (after
+    the move), and one that fails breaks the pool as in the standard library
+    (``BrokenThreadPool``).
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        thread_name_prefix: str = "",
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            max_workers, thread_name_prefix, _Initializer(initializer), initargs, **kwargs
+        )
+
+
+# --- pins ------------------------------------------------------------------
+
+_pins: dict[int, frozenset[int]] = {}
+_pins_lock = threading.Lock()
+_warmups: list[Callable[[], object]] = []
+
+#: Bytes per intra-op thread in the torch warm-up: at::internal::GRAIN_SIZE,
+#: below which torch runs an op on one thread.
+_TORCH_GRAIN = 32768
+
+
+def register_warmup(fn: Callable[[], object]) -> Callable[[], object]:
+    """Run ``fn`` in :func:`pin_step_thread` before the pin, so that the pool
+    it starts (a BLAS or OpenMP pool other than torch's) starts on the
+    process mask. Returns ``fn``, so it works as a decorator."""
+    with _pins_lock:
+        _warmups.append(fn)
+    return fn
+
+
+def _warm_up() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # One parallel op sized to the pool: OpenMP creates its threads now,
+        # from a thread on the process mask.
+        torch.empty(torch.get_num_threads() * _TORCH_GRAIN, dtype=torch.uint8).fill_(0)
+    with _pins_lock:
+        warmups = list(_warmups)
+    for fn in warmups:
+        fn()
+
+
+@dataclass
+class Pin:
+    """A registered pin of one thread; a context manager that restores the
+    thread's previous mask and unregisters the pin on exit."""
+
+    tid: int
+    cpus: frozenset[int]
+    previous: frozenset[int]
+    _released: bool = False
+
+    def release(self) -> None:
+        """Put the thread back on its previous mask and forget the pin."""
+        if self._released:
+            return
+        self._released = True
+        with _pins_lock:
+            if _pins.get(self.tid) == self.cpus:
+                del _pins[self.tid]
+        try:
+            _native.set_affinity(self.previous, self.tid)
+        except ProcessLookupError:
+            pass  # the thread is gone
+
+    def __enter__(self) -> Pin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _checked(cpus: Iterable[int] | str) -> frozenset[int]:
+    wanted = _native.cpu_set(cpus)
+    mask = process_cpus()
+    if not wanted:
+        raise ValueError(
+            f"an empty set of CPUs to pin to: name CPUs of the process mask {format_cpulist(mask)}"
+        )
+    if not wanted <= mask:
+        raise ValueError(
+            f"CPU {format_cpulist(wanted - mask)} is outside the process mask "
+            f"{format_cpulist(mask)}: pin to CPUs of cpupin.process_cpus()"
+        )
+    return wanted
+
+
+def pin_current_thread(cpus: Iterable[int] | str) -> Pin:
+    """Pin the calling thread to ``cpus`` (within the process mask) and
+    register the pin, so that :func:`stray_threads` knows it is deliberate.
+    Affects the calling thread only."""
+    wanted = _checked(cpus)
+    tid = _native.gettid()
+    previous = _native.get_affinity()
+    _native.set_affinity(wanted)
+    with _pins_lock:
+        _pins[tid] = wanted
+    return Pin(tid, wanted, previous)
+
+
+def pin_step_thread(cpus: Iterable[int] | str) -> Pin:
+    """Pin a worker's main, GPU or plan thread to ``cpus``, its pools first.
+
+    Moves the calling thread to the process mask, warms the intra-op pools
+    so that their threads are created there (torch's OpenMP pool when torch
+    is imported, with one small parallel op sized to
+    ``torch.get_num_threads()``; others through :func:`register_warmup`),
+    then pins the calling thread and registers the pin. Validates ``cpus``
+    against the process mask first. Affects the calling thread only.
+    """
+    wanted = _checked(cpus)
+    previous = _native.get_affinity()
+    to_process_mask()
+    _warm_up()
+    pin = pin_current_thread(wanted)
+    pin.previous = previous
+    return pin
+
+
+def pinned_threads() -> dict[int, frozenset[int]]:
+    """The registered pins: tid to CPUs."""
+    with _pins_lock:
+        return dict(_pins)
+
+
+class ThreadInfo(NamedTuple):
+    """A thread and its mask."""
+
+    tid: int
+    name: str
+    mask: frozenset[int]
+
+
+def stray_threads() -> list[ThreadInfo]:
+    """This process's threads whose mask is neither the process mask nor a
+    registered pin: threads that inherited a pinned creator's mask, or that
+    someone pinned behind cpupin's back. Exact, since the process knows its
+    own pins. A runtime's tests call it."""
+    mask = process_cpus()
+    stats = _native.thread_stats()
+    alive = {st.tid for st in stats}
+    with _pins_lock:
+        for tid in [t for t in _pins if t not in alive]:
+            del _pins[tid]  # its thread is gone; the tid may come back
+        pins = dict(_pins)
+    stray = []
+    for st in stats:
+        try:
+            cpus = _native.get_affinity(st.tid)
+        except ProcessLookupError:
+            continue
+        if cpus != mask and cpus != pins.get(st.tid):
+            stray.append(ThreadInfo(st.tid, st.name, cpus))
+    return stray

@@ -1,0 +1,424 @@
+"""cpupin.Thread, ThreadPool, pinning step threads and finding strays, with
+real threads on this machine's CPUs."""
+
+import gc
+import os
+import subprocess
+import sys
+import threading
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.thread import BrokenThreadPool
+
+import pytest
+
+import cpupin
+from cpupin.cli import main
+
+pytestmark = pytest.mark.skipif(len(cpupin.process_cpus()) < 2, reason="needs two CPUs")
+
+
+@pytest.fixture
+def pinned_creator():
+    """Run a function in a thread pinned to the first CPU of the mask."""
+    first = min(cpupin.process_cpus())
+
+    def run(fn):
+        box = {}
+
+        def body():
+            os.sched_setaffinity(0, {first})
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                box["error"] = exc
+
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    run.cpu = first
+    return run
+
+
+def mask_in(thread_cls, **kwargs):
+    """Start ``thread_cls`` and return the mask its run saw."""
+    seen = {}
+    t = thread_cls(**kwargs) if kwargs else thread_cls()
+    t.seen = seen
+    t.start()
+    t.join()
+    return seen["mask"]
+
+
+def record(seen):
+    seen["mask"] = cpupin.get_affinity()
+
+
+class Override(cpupin.Thread):
+    def run(self):  # never calls super().run()
+        record(self.seen)
+
+
+class SubOverride(Override):
+    pass
+
+
+class Mixin:
+    def run(self):
+        record(self.seen)
+
+
+class WithMixin(Mixin, cpupin.Thread):
+    pass
+
+
+def test_every_kind_of_run_starts_on_the_process_mask(pinned_creator):
+    mask = cpupin.process_cpus()
+
+    def kinds():
+        out = {}
+        seen = {}
+        t = cpupin.Thread(target=record, args=(seen,))
+        t.start()
+        t.join()
+        out["target"] = seen["mask"]
+        out["override"] = mask_in(Override)
+        out["subclass of an override"] = mask_in(SubOverride)
+        out["mixin"] = mask_in(WithMixin)
+        seen = {}
+        t = cpupin.Thread()
+        t.run = lambda: record(seen)
+        t.start()
+        t.join()
+        out["assigned on the instance"] = seen["mask"]
+        return out
+
+    assert pinned_creator(kinds) == dict.fromkeys(
+        ["target", "override", "subclass of an override", "mixin", "assigned on the instance"], mask
+    )
+
+
+def test_a_direct_run_call_stays_on_the_callers_mask(pinned_creator):
+    def direct():
+        seen = {}
+        cpupin.Thread(target=record, args=(seen,)).run()
+        return seen["mask"]
+
+    assert pinned_creator(direct) == {pinned_creator.cpu}
+
+
+def test_a_plain_thread_inherits_its_creators_pin(pinned_creator):
+    """The problem is real: threading.Thread starts on the creator's CPU."""
+
+    def plain():
+        seen = {}
+        t = threading.Thread(target=record, args=(seen,))
+        t.start()
+        t.join()
+        return seen["mask"]
+
+    assert pinned_creator(plain) == {pinned_creator.cpu}
+
+
+def test_thread_behaves_as_threading_thread():
+    got = {}
+
+    def target(a, b=None):
+        got["args"] = (a, b)
+        got["name"] = threading.current_thread().name
+        got["native"] = threading.get_native_id()
+
+    t = cpupin.Thread(target=target, args=(1,), kwargs={"b": 2}, name="worker-x", daemon=True)
+    t.start()
+    native_id = t.native_id  # valid as soon as start() returns
+    t.join()
+    assert got == {"args": (1, 2), "name": "worker-x", "native": native_id}
+    assert t.daemon and not t.is_alive()
+    assert "run" not in t.__dict__  # the wrapper is gone
+    with pytest.raises(RuntimeError):
+        t.start()  # a thread starts once, as in threading
+
+
+def test_an_exception_in_run_reaches_threading_excepthook(monkeypatch):
+    caught = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: caught.append(args.exc_type))
+
+    def boom():
+        raise KeyError("x")
+
+    t = cpupin.Thread(target=boom)
+    t.start()
+    t.join()
+    assert caught == [KeyError]
+
+
+def test_thread_pool_workers_start_on_the_process_mask(pinned_creator):
+    mask = cpupin.process_cpus()
+
+    def pools():
+        inits = []
+        with cpupin.ThreadPool(2, initializer=lambda: inits.append(cpupin.get_affinity())) as p:
+            ours = set(p.map(lambda _: cpupin.get_affinity(), range(8)))
+        with ThreadPoolExecutor(2) as p:
+            plain = set(p.map(lambda _: cpupin.get_affinity(), range(8)))
+        return ours, inits, plain
+
+    ours, inits, plain = pinned_creator(pools)
+    assert ours == {mask} and inits and set(inits) == {mask}
+    assert plain == {frozenset({pinned_creator.cpu})}
+
+
+def test_a_failing_initializer_breaks_the_pool():
+    def fail():
+        raise ValueError("no")
+
+    with cpupin.ThreadPool(1, initializer=fail) as pool:
+        future = pool.submit(int)
+        with pytest.raises(BrokenThreadPool):
+            future.result(timeout=60)
+
+
+def test_pins_are_validated_against_the_process_mask():
+    outside = max(cpupin.online_cpus()) + 1
+    for bad in ({outside}, set(), {-1}):
+        with pytest.raises(ValueError):
+            cpupin.pin_current_thread(bad)
+    assert cpupin.get_affinity() == cpupin.process_cpus()
+
+
+def test_a_pin_restores_the_previous_mask_and_unregisters():
+    first = min(cpupin.process_cpus())
+    with cpupin.pin_step_thread({first}) as pin:
+        assert cpupin.get_affinity() == {first}
+        assert cpupin.pinned_threads()[cpupin.gettid()] == {first}
+        assert pin.tid == threading.get_native_id()
+    assert cpupin.get_affinity() == cpupin.process_cpus()
+    assert cpupin.gettid() not in cpupin.pinned_threads()
+
+
+def test_stray_threads_finds_an_unregistered_pin_and_not_a_registered_one():
+    first = min(cpupin.process_cpus())
+    release = threading.Event()
+    ready = threading.Barrier(3)
+    tids = {}
+
+    def stray():
+        os.sched_setaffinity(0, {first})
+        tids["stray"] = threading.get_native_id()
+        ready.wait()
+        release.wait()
+
+    def pinned():
+        with cpupin.pin_current_thread({first}):
+            tids["pinned"] = threading.get_native_id()
+            ready.wait()
+            release.wait()
+
+    threads = [
+        threading.Thread(target=stray, name="stray-one"),
+        threading.Thread(target=pinned, name="pinned-one"),
+    ]
+    for t in threads:
+        t.start()
+    ready.wait()
+    try:
+        found = {info.tid: info for info in cpupin.stray_threads()}
+    finally:
+        release.set()
+        for t in threads:
+            t.join()
+    assert tids["stray"] in found and found[tids["stray"]].mask == {first}
+    assert isinstance(found[tids["stray"]].name, str)  # the OS name (Python 3.14 sets it)
+    assert tids["pinned"] not in found
+    assert cpupin.stray_threads() == []
+
+
+def test_sixteen_threads_pinning_and_starting_at_once_leave_the_registry_consistent():
+    cpus = sorted(cpupin.process_cpus())
+    barrier = threading.Barrier(16)
+    errors = []
+
+    def churn(i):
+        barrier.wait()
+        try:
+            for j in range(20):
+                with cpupin.pin_current_thread({cpus[(i + j) % len(cpus)]}):
+                    seen = {}
+                    t = cpupin.Thread(target=record, args=(seen,))
+                    t.start()
+                    t.join()
+                    assert seen["mask"] == cpupin.process_cpus()
+                    assert cpupin.pinned_threads()[cpupin.gettid()] == {cpus[(i + j) % len(cpus)]}
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert cpupin.pinned_threads() == {}
+    assert cpupin.stray_threads() == []
+
+
+def test_ten_thousand_threads_leave_no_garbage():
+    def start_join(n):
+        for _ in range(n):
+            t = cpupin.Thread(target=int)
+            t.start()
+            t.join()
+
+    start_join(200)  # warm caches
+    gc.collect()
+    before = len(gc.get_objects())
+    tracemalloc.start()
+    start_join(10_000)
+    gc.collect()
+    current, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(gc.get_objects()) - before < 100
+    assert current < 256 * 1024
+
+
+AUDITED = """
+import os, sys, threading
+release = threading.Event()
+def narrow():
+    try:
+        os.sched_setaffinity(0, {{{cpu}}})
+        print(threading.get_native_id(), flush=True)
+    except BaseException:
+        os._exit(1)  # never leave the test waiting on a child that cannot answer
+    release.wait()
+t = threading.Thread(target=narrow, name="narrowed")
+t.start()
+sys.stdin.readline()
+release.set(); t.join()
+print("gone", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_audit_fails_on_a_narrowed_thread_until_it_is_gone(capsys):
+    first = min(cpupin.process_cpus())
+    child = subprocess.Popen(
+        [sys.executable, "-c", AUDITED.format(cpu=first)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        tid = int(child.stdout.readline())
+        assert main(["audit", str(child.pid), "--fail-on-narrow"]) == 1
+        out = capsys.readouterr().out
+        assert f"({tid})" in out and "deliberate pin" in out
+        assert main(["audit", str(child.pid)]) == 0
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "gone"
+        capsys.readouterr()
+        assert main(["audit", str(child.pid), "--fail-on-narrow", "--json"]) == 0
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+
+
+SPAWNED = """
+import multiprocessing as mp, os, sys, threading
+
+def child(q):
+    import cpupin
+    q.put((sorted(cpupin.process_cpus()), sorted(os.sched_getaffinity(0))))
+
+def from_pinned(q, with_env):
+    import cpupin
+    os.sched_setaffinity(0, {{{cpu}}})
+    ctx = mp.get_context("spawn")
+    if with_env:
+        os.environ.update(cpupin.child_env())
+    p = ctx.Process(target=child, args=(q,))
+    p.start(); p.join()
+
+if __name__ == "__main__":
+    q = mp.get_context("spawn").Queue()
+    t = threading.Thread(target=from_pinned, args=(q, sys.argv[1] == "env"))
+    t.start(); t.join()
+    print(q.get())
+"""
+
+
+@pytest.mark.parametrize("with_env", [True, False])
+def test_a_child_spawned_from_a_pinned_thread(tmp_path, with_env):
+    first = min(cpupin.process_cpus())
+    script = tmp_path / "spawn.py"
+    script.write_text(SPAWNED.format(cpu=first))
+    out = subprocess.run(
+        [sys.executable, str(script), "env" if with_env else "plain"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    recorded, main_mask = eval(out.stdout.strip())  # noqa: S307 - our own output
+    mask = sorted(cpupin.process_cpus())
+    if with_env:
+        assert recorded == main_mask == mask
+    else:
+        assert recorded == main_mask == [first]  # the inherited pin, taken for the whole mask
+
+
+TORCH_PIN = """
+import os, sys, threading
+import torch
+torch.set_num_threads(2)
+import cpupin
+first = min(cpupin.process_cpus())
+if sys.argv[1] == "warm":
+    cpupin.pin_step_thread({first})
+else:
+    cpupin.pin_current_thread({first})  # no warm-up
+torch.empty(1 << 22, dtype=torch.uint8).fill_(1)  # a parallel op: the pool exists now
+me = threading.get_native_id()
+alone = []
+for tid in os.listdir("/proc/self/task"):
+    if int(tid) != me and cpupin.get_affinity(int(tid)) == {first}:
+        alone.append(tid)
+print(len(os.listdir("/proc/self/task")), len(alone))
+"""
+
+
+def run_torch(mode):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", TORCH_PIN, mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=True,
+    )
+    return tuple(map(int, out.stdout.split()))
+
+
+torch_missing = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="needs torch"
+)
+
+
+@torch_missing
+def test_pin_step_thread_warms_torchs_pool_onto_the_process_mask():
+    threads, alone = run_torch("warm")
+    assert threads >= 2  # an OpenMP pool of at least one more thread exists
+    assert alone == 0
+
+
+@torch_missing
+def test_without_the_warm_up_torchs_pool_lands_on_the_pinned_cpu():
+    """The control: the test above fails if the warm-up is removed."""
+    threads, alone = run_torch("cold")
+    assert threads >= 2 and alone >= 1
