@@ -177,6 +177,7 @@ def _grow_words(tid: int) -> None:
     _nwords = min(max(1, 2 * _nwords), _MAX_WORDS)
     _thread_io()
     _encoded.clear()
+    _wanted.clear()
 
 
 def get_affinity(tid: int = 0) -> frozenset[int]:
@@ -204,29 +205,24 @@ def get_affinity(tid: int = 0) -> frozenset[int]:
     return cpus if cpus is not None else _key_set(key)
 
 
-def mask_key(tid: int = 0) -> object:
-    """The calling thread's (or ``tid``'s) mask as its significant 64-bit
-    words: an int for a mask within CPUs 0-63, else a tuple. Cheaper than
-    :func:`get_affinity` where only a comparison with :func:`key_of` is
-    needed (a thread's start)."""
-    try:
-        io = _tls.io
-    except AttributeError:
-        io = _thread_io()
-    io[0] = tid
-    rc = lib.cpupin_get_affinity(io)
-    if rc == 1:
-        return io[2]
-    if rc > 1:
-        return tuple(io[2 : 2 + rc])
-    cpus = _get_affinity_slow(tid, rc)
-    return key_of(cpus) if cpus else 0
+# Masks to compare with, as [nwords, words...], for on_mask.
+_wanted: dict[frozenset[int], object] = {}
 
 
-def key_of(cpus: frozenset[int]) -> object:
-    """The :func:`mask_key` that a mask of ``cpus`` has."""
-    entry = _encoded.get(cpus)
-    return (entry or _encode(cpus, 0))[1]
+def on_mask(cpus: frozenset[int]) -> bool:
+    """Whether the calling thread's mask is ``cpus``, in one native call with
+    no per-thread buffer: the cheapest check a new thread can make."""
+    want = _wanted.get(cpus)
+    if want is None:
+        words = (_encoded.get(cpus) or _encode(cpus, 0))[0]
+        want = ffi.new(_WORDS, [len(words), *words])
+        if len(_wanted) >= 64:
+            _wanted.clear()
+        _wanted[cpus] = want
+    rc = lib.cpupin_mask_is(want)
+    if rc >= 0:
+        return rc == 1
+    return get_affinity() == cpus
 
 
 def _get_affinity_slow(tid: int, rc: int) -> frozenset[int]:

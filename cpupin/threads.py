@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from _thread import get_ident
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ def to_process_mask() -> None:
     on the process mask (the common case) pays only the read.
     """
     cpus = process_cpus()
-    if _native.mask_key() != _native.key_of(cpus):
+    if not _native.on_mask(cpus):
         _native.set_affinity(cpus)
 
 
@@ -68,7 +69,7 @@ class Thread(threading.Thread):
 
         def run_on_process_mask() -> None:
             try:
-                if threading.current_thread() is self:
+                if get_ident() == self.ident:  # not a direct run() from another thread
                     to_process_mask()
                 run()
             finally:

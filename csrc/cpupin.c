@@ -112,6 +112,25 @@ static int affinity(uint64_t *io, int set_first)
 }
 
 int cpupin_get_affinity(uint64_t *io) { return affinity(io, 0); }
+
+int cpupin_mask_is(const uint64_t *want)
+{
+    uint64_t stack[2 + STACK_WORDS];
+    int nwords = (int)want[0];
+    uint64_t *io = nwords <= STACK_WORDS ? stack : malloc((2 + (size_t)nwords) * 8);
+    int rc;
+
+    if (io == NULL)
+        return -ENOMEM;
+    io[0] = 0;
+    io[1] = (uint64_t)nwords;
+    rc = affinity(io, 0);
+    if (rc >= 0)
+        rc = memcmp(io + 2, want + 1, (size_t)nwords * 8) == 0;
+    if (io != stack)
+        free(io);
+    return rc;
+}
 int cpupin_set_affinity(uint64_t *io) { return affinity(io, 1); }
 
 /* Parses "run wait slices\n"; returns 0 or -EINVAL. */
@@ -422,6 +441,7 @@ long cpupin_gettid(void) { return -ENOSYS; }
 int cpupin_getcpu(void) { return -ENOSYS; }
 int cpupin_get_affinity(uint64_t *io) { return -ENOSYS; }
 int cpupin_set_affinity(uint64_t *io) { return -ENOSYS; }
+int cpupin_mask_is(const uint64_t *want) { return -ENOSYS; }
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3) { return -ENOSYS; }
 cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err)
 {

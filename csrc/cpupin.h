@@ -17,6 +17,9 @@ int cpupin_getcpu(void);
  * significant (the highest nonzero one plus one) or -errno. */
 int cpupin_get_affinity(uint64_t *io);
 int cpupin_set_affinity(uint64_t *io);
+/* Whether the calling thread's mask is want[1...] (want[0] words): 1 or 0,
+ * or -errno. Needs no buffer of the caller's: a new thread's first check. */
+int cpupin_mask_is(const uint64_t *want);
 
 /* One task's /proc/<pid>/task/<tid>/schedstat; tid 0 is the calling thread. */
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3);
