@@ -527,5 +527,18 @@ def thread_stats(pid: int | None = None, *, last_cpu: bool = False) -> list[Thre
     ]
 
 
+def handoff_rounds(
+    cpu_a: int, cpu_b: int, rounds: int, warmup: int, idle_us: int, spin: bool
+) -> tuple[list[int], list[int]]:
+    """The C handoff benchmark: (round trips, wake times) in ns, one a round.
+    ``-1`` leaves a side unpinned. Drops the GIL while it runs."""
+    rtt = ffi.new(_WORDS, rounds)
+    wake = ffi.new(_WORDS, rounds)
+    rc = lib.cpupin_handoff(cpu_a, cpu_b, rounds, warmup, idle_us, int(spin), rtt, wake)
+    if rc < 0:
+        raise_oserror(rc, f"the handoff between CPU {cpu_a} and CPU {cpu_b}")
+    return ffi.unpack(rtt, rc), ffi.unpack(wake, rc)
+
+
 os.register_at_fork(after_in_child=_forget_thread_state)
 os.register_at_fork(after_in_child=_forget_readers)

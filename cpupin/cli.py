@@ -356,6 +356,254 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return 1 if narrow and args.fail_on_narrow else 0
 
 
+def _cmd_top(args: argparse.Namespace) -> int:
+    import itertools
+    import time
+
+    from .sampling import sample_threads
+
+    if args.interval <= 0:
+        raise ValueError(f"--interval {args.interval} must be positive (seconds)")
+    if args.count is not None and args.count < 1:
+        raise ValueError(f"--count {args.count} must be at least 1")
+    if args.pid == "self":
+        pid = None
+        _demo_threads()
+    elif args.pid.isascii() and args.pid.isdigit():
+        pid = int(args.pid)
+    else:
+        raise ValueError(f"{args.pid!r} is not a pid: give a process id, or self")
+    counts = range(args.count) if args.count is not None else itertools.count()
+    for i in counts:
+        samples = sample_threads(pid, args.interval)
+        if args.json:
+            json.dump([s.as_dict() for s in samples], sys.stdout)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            continue
+        if i:
+            print()
+        print(
+            time.strftime("%H:%M:%S"),
+            f"pid {pid or os.getpid()}, {len(samples)} threads, over {args.interval:g} s",
+        )
+        print(
+            f"{'tid':>8} {'name':16} {'cpu ms/s':>9} {'wait ms/s':>10} {'cpu':>4}  "
+            f"{'mask':14} state"
+        )
+        for s in samples:
+            print(
+                f"{s.tid:>8} {s.name[:16]:16} {s.cpu_ms_per_s:>9.1f} {s.wait_ms_per_s:>10.1f} "
+                f"{s.last_cpu if s.last_cpu is not None else '?':>4}  "
+                f"{_short(s.mask):14} {s.state}"
+            )
+        sys.stdout.flush()
+    return 0
+
+
+def _short(cpus: frozenset[int]) -> str:
+    from .cpulist import format_cpulist
+
+    text = format_cpulist(cpus)
+    return text if len(text) <= 14 else text[:13] + "…"
+
+
+def _demo_threads() -> None:
+    """Two threads for ``cpupin top self`` to show: one busy, one asleep."""
+    import time
+
+    from .threads import Thread
+
+    def busy() -> None:
+        while True:
+            end = time.monotonic() + 0.003
+            while time.monotonic() < end:
+                pass
+            time.sleep(0.007)
+
+    Thread(target=busy, name="demo-busy", daemon=True).start()
+    Thread(target=time.sleep, args=(1e9,), name="demo-idle", daemon=True).start()
+
+
+def _pair(text: str) -> tuple[int | None, int | None]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pair such as 0,1")
+    out = []
+    for part in parts:
+        part = part.strip()
+        if part in ("any", "-"):
+            out.append(None)
+        elif part.isascii() and part.isdigit():
+            out.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(f"{part!r} in {text!r} is not a CPU number")
+    return out[0], out[1]
+
+
+def _cmd_handoff(args: argparse.Namespace) -> int:
+    from .handoff import format_pair, handoff, handoff_matrix, handoff_python, pair_kinds
+    from .process import process_cpus
+    from .topology import read_host
+
+    if args.rounds <= 0:
+        raise ValueError(f"--rounds {args.rounds} must be positive")
+    mask = process_cpus()
+    if args.matrix:
+
+        def progress(done: int, total: int) -> None:
+            bar = "#" * (30 * done // total)
+            print(f"\r[{bar:<30}] {done}/{total} pairs", end="", file=sys.stderr, flush=True)
+
+        grid = handoff_matrix(
+            mask, rounds=args.rounds, idle_us=args.idle_us, spin=args.spin, progress=progress
+        )
+        print(file=sys.stderr)
+        cpus = sorted(mask)
+        if args.plot:
+            _plot(grid, cpus, args.plot)
+        if args.json:
+            _print_json(
+                {
+                    "mode": "spin" if args.spin else "futex",
+                    "idle_us": args.idle_us,
+                    "rounds": args.rounds,
+                    "cpus": cpus,
+                    "median_ns": [[grid.get((a, b)) for b in cpus] for a in cpus],
+                }
+            )
+            return 0
+        print("one-way handoff, median ns (rows: A, columns: B)")
+        print("      " + "".join(f"{b:>9}" for b in cpus))
+        for a in cpus:
+            print(
+                f"{a:>5} "
+                + "".join(f"{grid[(a, b)]:>9.0f}" if (a, b) in grid else f"{'-':>9}" for b in cpus)
+            )
+        return 0
+    if args.cpus is not None:
+        pairs = {format_pair(args.cpus): args.cpus}
+    else:
+        pairs = pair_kinds(read_host("/"), mask)
+        if args.spin:
+            pairs = {k: p for k, p in pairs.items() if None not in p and p[0] != p[1]}
+    results = {}
+    for kind, cpus in pairs.items():
+        if args.python:
+            results[kind] = handoff_python(cpus, rounds=args.rounds, kind=args.python)
+        else:
+            results[kind] = handoff(
+                cpus,
+                rounds=args.rounds,
+                warmup=args.rounds // 10,
+                idle_us=args.idle_us,
+                spin=args.spin,
+            )
+    if args.json:
+        rows = [{"kind": kind, **r.as_dict()} for kind, r in results.items()]
+        _print_json(rows[0] if args.cpus is not None else rows)
+        return 0
+    print(
+        f"one-way handoff, ns ({next(iter(results.values())).mode}"
+        + (f", sender idle {args.idle_us} µs first" if args.idle_us else "")
+        + ")"
+    )
+    print(
+        f"  {'pair':14} {'CPUs':>9} {'median':>9} {'p90':>9} {'p99':>9}"
+        + (f" {'wake':>9}" if args.idle_us else "")
+    )
+    for kind, r in results.items():
+        wake = f" {r.wake_median_ns:>9.0f}" if args.idle_us and r.wake_median_ns else ""
+        print(
+            f"  {kind:14} {format_pair(r.cpus):>9} {r.median_ns:>9.0f} {r.p90_ns:>9.0f} "
+            f"{r.p99_ns:>9.0f}{wake}"
+        )
+    return 0
+
+
+def _plot(grid: dict[tuple[int, int], float], cpus: list[int], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install 'cpupin[plot]'") from None
+    data = [[grid.get((a, b), float("nan")) / 1000 for b in cpus] for a in cpus]
+    fig, ax = plt.subplots(figsize=(2 + 0.4 * len(cpus), 1.5 + 0.4 * len(cpus)))
+    image = ax.imshow(data, cmap="viridis")
+    ax.set_xticks(range(len(cpus)), [str(c) for c in cpus])
+    ax.set_yticks(range(len(cpus)), [str(c) for c in cpus])
+    ax.set_xlabel("CPU B (woken)")
+    ax.set_ylabel("CPU A (waking)")
+    ax.set_title("one-way handoff, median µs")
+    if len(cpus) <= 16:
+        for i, row in enumerate(data):
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.1f}", ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .cpulist import format_cpulist
+    from .doctor import diagnose, measure_host
+    from .process import process_cpus
+    from .topology import read_host
+
+    host, title, mask = _load_host(args)
+    here = not (args.host or args.root)
+    handoffs = None
+    measured_on = "nowhere"
+    if here or args.measure_here:
+        local = host if here else read_host("/")
+        handoffs = measure_host(local, process_cpus() & local.cpus)
+        measured_on = "this machine" if here else f"this machine, not {args.host or args.root}"
+    diagnosis = diagnose(host, handoffs, measured_on)
+    if args.json:
+        _print_json({"host": title, **diagnosis.as_dict()})
+        return 0
+    deepest = diagnosis.deepest_idle_state
+    print(f"cpupin doctor: {title}")
+    print(
+        f"host     {len(host.cpus)} CPUs, {len(host.cores)} cores, SMT "
+        f"{'on' if host.smt else 'off'}, {len(host.cpu_nodes)} node(s), "
+        f"{len(host.gpus)} GPU(s)" + (", a virtual machine" if host.hypervisor else "")
+    )
+    print(
+        "idle     "
+        + (
+            f"deepest state {deepest.name}, exit latency {deepest.latency_us} µs"
+            if deepest
+            else "no idle states listed"
+        )
+    )
+    quota = f"{host.quota.cpus} CPU(s)" if host.quota else "none"
+    print(f"mask     {format_cpulist(mask)}; cgroup quota {quota}")
+    if diagnosis.handoff:
+        print(f"handoff  one way, median (p99), measured on {measured_on}:")
+        for kind, r in diagnosis.handoff.items():
+            cost = r.wake_median_ns if r.wake_median_ns and r.idle_us else r.median_ns
+            print(
+                f"  {kind:18} CPUs {r.cpus[0]},{r.cpus[1]}: {cost / 1000:8.1f} µs "
+                f"({r.p99_ns / 1000:.1f} µs)"
+            )
+    else:
+        print("handoff  not measured (a shipped host); --measure-here uses this machine's")
+    for note in diagnosis.notes:
+        print(f"note     {note}")
+    action = (
+        "turn step_thread_core auto on"
+        if diagnosis.verdict == "auto"
+        else "keep step_thread_core off"
+    )
+    print(f"verdict  {diagnosis.verdict}: {action}")
+    print(f"why      {diagnosis.why}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cpupin",
@@ -421,6 +669,48 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when any thread is on a narrower mask than the process's",
     )
     audit.set_defaults(handler=_cmd_audit)
+
+    top = sub.add_parser("top", help="a live per-thread table: CPU ms/s, run-queue wait ms/s")
+    top.add_argument("pid", help="process id, or self for cpupin's own threads (a demo)")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds a sample (1)")
+    top.add_argument("--count", type=int, help="samples to take (default: until interrupted)")
+    top.add_argument("--json", action="store_true", help="print each sample as a JSON list")
+    top.set_defaults(handler=_cmd_top)
+
+    hand = sub.add_parser("handoff", help="the cost of one thread waking another, per CPU pair")
+    hand.add_argument("--cpus", type=_pair, metavar="A,B", help="one pair (any: unpinned)")
+    hand.add_argument("--matrix", action="store_true", help="every pair of the process mask")
+    hand.add_argument("--plot", metavar="FILE.png", help="with --matrix: a heatmap (matplotlib)")
+    hand.add_argument(
+        "--idle-us",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the sender waits N µs before each handoff (idle states show)",
+    )
+    hand.add_argument(
+        "--spin", action="store_true", help="pass the token through a cache line without sleeping"
+    )
+    hand.add_argument(
+        "--python",
+        nargs="?",
+        const="event",
+        choices=("event", "queue"),
+        help="measure two cpupin.Threads in Python instead of C",
+    )
+    hand.add_argument("--rounds", type=int, default=2000, help="rounds a pair (2000)")
+    hand.add_argument("--json", action="store_true", help="print JSON")
+    hand.set_defaults(handler=_cmd_handoff)
+
+    doctor = sub.add_parser("doctor", help="whether pinning pays on this host, and why")
+    _host_arg(doctor)
+    doctor.add_argument(
+        "--measure-here",
+        action="store_true",
+        help="with --host/--root: measure handoffs on this machine instead",
+    )
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+    doctor.set_defaults(handler=_cmd_doctor)
     return parser
 
 

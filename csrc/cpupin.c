@@ -14,7 +14,9 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <linux/futex.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #else
 #define CPUPIN_HAVE_AFFINITY 0
@@ -435,6 +437,155 @@ int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
     return rc;
 }
 
+
+/* --- the handoff benchmark ---------------------------------------------- */
+
+struct handoff {
+    int turn __attribute__((aligned(64))); /* 0: A holds the token, 1: B does */
+    uint64_t sent_ns __attribute__((aligned(64)));
+    int cpu_a, cpu_b, rounds, warmup, idle_us, spin, err;
+    uint64_t *rtt, *wake;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int pin_self(int cpu)
+{
+    cpu_set_t set;
+    if (cpu < 0)
+        return 0;
+    if (cpu >= CPU_SETSIZE)
+        return -EINVAL;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return -pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+static void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void wait_turn(struct handoff *h, int want)
+{
+    int seen;
+    while ((seen = __atomic_load_n(&h->turn, __ATOMIC_ACQUIRE)) != want) {
+        if (h->spin)
+            relax();
+        else
+            syscall(SYS_futex, &h->turn, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+    }
+}
+
+static void give_turn(struct handoff *h, int to)
+{
+    __atomic_store_n(&h->turn, to, __ATOMIC_RELEASE);
+    if (!h->spin)
+        syscall(SYS_futex, &h->turn, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+static void *side_b(void *arg)
+{
+    struct handoff *h = arg;
+    int rc = pin_self(h->cpu_b);
+    if (rc < 0)
+        __atomic_store_n(&h->err, rc, __ATOMIC_RELAXED);
+    for (int i = 0; i < h->warmup + h->rounds; i++) {
+        uint64_t t;
+        wait_turn(h, 1);
+        t = now_ns();
+        if (i >= h->warmup)
+            h->wake[i - h->warmup] = t - h->sent_ns;
+        give_turn(h, 0);
+    }
+    return NULL;
+}
+
+static void *side_a(void *arg)
+{
+    struct handoff *h = arg;
+    int rc = pin_self(h->cpu_a);
+    if (rc < 0)
+        __atomic_store_n(&h->err, rc, __ATOMIC_RELAXED);
+    for (int i = 0; i < h->warmup + h->rounds; i++) {
+        uint64_t t0;
+        if (h->idle_us > 0) {
+            struct timespec pause = {h->idle_us / 1000000, (h->idle_us % 1000000) * 1000L};
+            nanosleep(&pause, NULL);
+        }
+        t0 = now_ns();
+        h->sent_ns = t0;
+        give_turn(h, 1);
+        wait_turn(h, 0);
+        if (i >= h->warmup)
+            h->rtt[i - h->warmup] = now_ns() - t0;
+    }
+    return NULL;
+}
+
+static int handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, int spin,
+                   uint64_t *rtt, uint64_t *wake)
+{
+    struct handoff *h;
+    pthread_t a, b;
+    int rc;
+
+    if (rounds <= 0 || warmup < 0 || idle_us < 0)
+        return -EINVAL;
+    if (spin && (cpu_a < 0 || cpu_b < 0 || cpu_a == cpu_b))
+        return -EDEADLK; /* two spinners on one CPU wait on each other */
+    if (posix_memalign((void **)&h, 64, sizeof *h) != 0)
+        return -ENOMEM;
+    memset(h, 0, sizeof *h);
+    h->cpu_a = cpu_a;
+    h->cpu_b = cpu_b;
+    h->rounds = rounds;
+    h->warmup = warmup;
+    h->idle_us = idle_us;
+    h->spin = spin;
+    h->rtt = rtt;
+    h->wake = wake;
+    rc = -pthread_create(&b, NULL, side_b, h);
+    if (rc == 0) {
+        rc = -pthread_create(&a, NULL, side_a, h);
+        if (rc == 0) {
+            pthread_join(a, NULL);
+        } else {
+            /* B waits for a token that never comes: hand it over warmup+rounds times. */
+            h->spin = 0;
+            h->cpu_b = -1;
+            for (int i = 0; i < warmup + rounds; i++) {
+                give_turn(h, 1);
+                wait_turn(h, 0);
+            }
+        }
+        pthread_join(b, NULL);
+    }
+    if (rc == 0)
+        rc = h->err < 0 ? h->err : rounds;
+    free(h);
+    return rc;
+}
+
+int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, int spin,
+                   uint64_t *rtt, uint64_t *wake)
+{
+    int rc;
+    CPUPIN_DROP_GIL; /* it runs for seconds */
+    rc = handoff(cpu_a, cpu_b, rounds, warmup, idle_us, spin, rtt, wake);
+    CPUPIN_TAKE_GIL;
+    return rc;
+}
+
 #else /* no thread affinity: stubs, so that the package still imports */
 
 long cpupin_gettid(void) { return -ENOSYS; }
@@ -442,6 +593,11 @@ int cpupin_getcpu(void) { return -ENOSYS; }
 int cpupin_get_affinity(uint64_t *io) { return -ENOSYS; }
 int cpupin_set_affinity(uint64_t *io) { return -ENOSYS; }
 int cpupin_mask_is(const uint64_t *want) { return -ENOSYS; }
+int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, int spin,
+                   uint64_t *rtt, uint64_t *wake)
+{
+    return -ENOSYS;
+}
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3) { return -ENOSYS; }
 cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err)
 {

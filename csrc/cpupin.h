@@ -35,3 +35,12 @@ void cpupin_tasks_close(cpupin_tasks *t);
  * count when nout threads or names_size bytes are too few; or -errno. */
 int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
                       char *names, int names_size, int nout, int *need);
+
+/* The handoff benchmark: two threads, pinned to cpu_a and cpu_b (-1: left
+ * unpinned), pass a token back and forth through a futex (spin: through a
+ * shared cache line, without sleeping). Thread A sleeps idle_us before each
+ * handoff so that B's core can fall idle. For each of the rounds after the
+ * warmup ones, rtt[i] is A's round trip in ns and wake[i] the time from A's
+ * handoff to B running. Returns the rounds measured or -errno. */
+int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, int spin,
+                   uint64_t *rtt, uint64_t *wake);

@@ -1,0 +1,165 @@
+"""Whether pinning pays on this host: the host's idle states, the measured
+cost of a handoff to a running core and to an idle one, and a verdict.
+
+The verdict rests on the measured handoff to an idle core: pinning a
+server's step threads to one core's hardware threads turns every handoff
+into one to a running core, so it pays when a handoff to an idle core costs
+much more (a deep C-state: 130-175 µs against 4-5 µs on the reference host)
+and costs throughput when it does not (a VM without deep idle states: 22 µs
+against 11 µs). The idle states explain the number; a VM's guest sees only
+what its hypervisor shows, so there the measurement, not sysfs, decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .handoff import HandoffResult, handoff, pair_kinds
+from .topology import Host, IdleState
+
+__all__ = ["IDLE_PENALTY_NS", "IDLE_STATE_US", "Diagnosis", "diagnose", "measure_host"]
+
+#: Pinning pays when a handoff to an idle core costs this much more than one
+#: to the same core while it runs: the cost of leaving a deep idle state. The
+#: reference review's hosts sit far either side of it: 130-175 µs against 4-5
+#: µs on the B300 host (pinning paid); no idle state deeper than 1 µs on the
+#: H100 VM (it cost throughput). This VM's halted vCPU wakes about 15 µs
+#: slower than a running one.
+IDLE_PENALTY_NS = 50_000
+
+#: Without a measurement (a shipped host), an enabled idle state this deep
+#: or deeper predicts that pinning pays: a C6-class state.
+IDLE_STATE_US = 100
+
+#: How long the sender waits before each handoff in the idle measurement:
+#: long enough for the receiver's core to enter any state up to this depth.
+IDLE_WAIT_US = 200
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The doctor's answer."""
+
+    verdict: str
+    """``"auto"`` (turn pinning on) or ``"off"`` (keep it off)."""
+    why: str
+    deepest_idle_state: IdleState | None
+    handoff: dict[str, HandoffResult] = field(default_factory=dict)
+    """Pair kind (``same CPU busy``, ``other core idle`` ...) to its result."""
+    measured_on: str = "this machine"
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        deepest = self.deepest_idle_state
+        return {
+            "verdict": self.verdict,
+            "why": self.why,
+            "deepest_idle_state": (
+                {"name": deepest.name, "latency_us": deepest.latency_us} if deepest else None
+            ),
+            "handoff_ns": {
+                kind: {
+                    "cpus": list(r.cpus),
+                    "median_ns": r.median_ns,
+                    "p99_ns": r.p99_ns,
+                    "wake_median_ns": r.wake_median_ns,
+                    "idle_us": r.idle_us,
+                    "rounds": r.rounds,
+                }
+                for kind, r in self.handoff.items()
+            },
+            "measured_on": self.measured_on,
+            "notes": list(self.notes),
+        }
+
+
+def measure_host(
+    host: Host, mask: frozenset[int], rounds: int = 2000, idle_rounds: int = 300
+) -> dict[str, HandoffResult]:
+    """Handoffs to a running core (back to back) and to an idle one (after
+    :data:`IDLE_WAIT_US`), for each kind of pair the mask allows."""
+    out: dict[str, HandoffResult] = {}
+    for kind, cpus in pair_kinds(host, mask).items():
+        if kind == "unpinned":
+            continue
+        out[f"{kind} busy"] = handoff(cpus, rounds=rounds, warmup=rounds // 10)
+        out[f"{kind} idle"] = handoff(
+            cpus, rounds=idle_rounds, warmup=idle_rounds // 10, idle_us=IDLE_WAIT_US
+        )
+    return out
+
+
+def _us(ns: float | None) -> str:
+    return "?" if ns is None else f"{ns / 1000:.0f} µs" if ns >= 10_000 else f"{ns / 1000:.1f} µs"
+
+
+def _idle_cost(result: HandoffResult) -> float:
+    return result.wake_median_ns if result.wake_median_ns is not None else result.median_ns
+
+
+def diagnose(
+    host: Host, handoffs: dict[str, HandoffResult] | None, measured_on: str = "this machine"
+) -> Diagnosis:
+    """The verdict for ``host``: from ``handoffs`` when given, else from its
+    idle states alone."""
+    deepest = host.deepest_idle_state()
+    notes = []
+    if host.hypervisor:
+        notes.append(
+            "a virtual machine: its guest sees only the idle states the hypervisor "
+            "shows, so the measured handoff, not sysfs, decides"
+        )
+    state = (
+        f"deepest idle state {deepest.name} at {deepest.latency_us} µs"
+        if deepest
+        else "no idle states listed"
+    )
+    if not handoffs:
+        deep = deepest is not None and deepest.latency_us >= IDLE_STATE_US
+        verdict = "auto" if deep else "off"
+        why = (
+            f"{state}; not measured: a handoff to an idle core should cost about that "
+            f"much more than one on the same core, so pinning "
+            f"{'should pay' if deep else 'would save nothing and queue threads'}; run "
+            "`cpupin doctor` on the host itself to measure"
+        )
+        return Diagnosis(verdict, why, deepest, {}, "nowhere", tuple(notes))
+    same = handoffs.get("same CPU busy")
+    idle_kind = next(
+        (k for k in ("other core idle", "SMT sibling idle", "other node idle") if k in handoffs),
+        None,
+    )
+    if same is None or idle_kind is None:
+        return Diagnosis(
+            "off",
+            f"{state}; one CPU in the mask: no other core to hand off to, "
+            "so there is nothing to pin apart",
+            deepest,
+            handoffs,
+            measured_on,
+            tuple(notes),
+        )
+    idle = handoffs[idle_kind]
+    busy = handoffs[idle_kind.replace("idle", "busy")]
+    # What a deep idle state costs: the same pair, its receiver idle or busy.
+    penalty = _idle_cost(idle) - busy.median_ns
+    numbers = (
+        f"a handoff to an idle core ({idle_kind.replace(' idle', '')}) costs "
+        f"{_us(_idle_cost(idle))} against {_us(busy.median_ns)} to a running one and "
+        f"{_us(same.median_ns)} on the same CPU"
+    )
+    if penalty >= IDLE_PENALTY_NS:
+        verdict = "auto"
+        why = (
+            f"{state}; {numbers}: waking an idle core costs {_us(penalty)} a handoff, "
+            "which pinning the step threads to one core saves"
+        )
+    else:
+        verdict = "off"
+        deep = deepest is not None and deepest.latency_us >= IDLE_STATE_US
+        why = (
+            f"{state}; {numbers}: an idle core wakes within {_us(max(penalty, 0))} of a "
+            "running one, so pinning saves little and queues threads"
+            + (" (a deep state is listed but the wake did not show it)" if deep else "")
+        )
+    return Diagnosis(verdict, why, deepest, handoffs, measured_on, tuple(notes))

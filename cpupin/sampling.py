@@ -1,0 +1,112 @@
+"""Per-thread CPU time and run-queue wait over an interval, from schedstat.
+
+:func:`sample_threads` reads every thread of a process twice (one native call
+each) and reports, per thread, CPU ms per second of wall time, run-queue wait
+ms per second (the time it was runnable but not running: what queueing
+behind a pinned thread costs), the CPU it last ran on, its mask and whether
+that mask is the process mask, a registered pin, or neither.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from . import _native
+from .cpulist import format_cpulist, parse_cpulist
+from .process import ENV_PROCESS_CPUS, process_cpus
+
+__all__ = ["ThreadSample", "process_mask_of", "sample_threads"]
+
+
+@dataclass(frozen=True)
+class ThreadSample:
+    """One thread over one interval."""
+
+    tid: int
+    name: str
+    cpu_ms_per_s: float
+    wait_ms_per_s: float
+    last_cpu: int | None
+    mask: frozenset[int]
+    state: str
+    """``process mask``, ``pinned`` (a registered pin), ``stray`` (neither,
+    in this process) or ``narrower`` (another process's thread on a narrower
+    mask: from outside, a pin and a stray look the same)."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "tid": self.tid,
+            "name": self.name,
+            "cpu_ms_per_s": round(self.cpu_ms_per_s, 2),
+            "wait_ms_per_s": round(self.wait_ms_per_s, 2),
+            "last_cpu": self.last_cpu,
+            "mask": format_cpulist(self.mask),
+            "state": self.state,
+        }
+
+
+def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[int], str]:
+    """Another process's mask: its ``CPUPIN_PROCESS_CPUS`` when set, else
+    the widest mask among its threads; and where it came from."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(ENV_PROCESS_CPUS.encode() + b"="):
+                    text = item.split(b"=", 1)[1].decode("ascii", "replace")
+                    return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
+    except (OSError, ValueError):
+        pass
+    return max(masks, key=len, default=frozenset()), "the widest mask among its threads"
+
+
+def sample_threads(pid: int | None = None, interval: float = 1.0) -> list[ThreadSample]:
+    """Sample every thread of ``pid`` (default: this process) over
+    ``interval`` seconds; sorted by CPU time, busiest first. Threads that
+    start or exit during the interval are left out."""
+    if interval <= 0:
+        raise ValueError(f"interval {interval!r} must be positive (seconds)")
+    own = pid is None or pid == os.getpid()
+    first = {st.tid: st for st in _native.thread_stats(pid)}
+    start = time.monotonic_ns()
+    time.sleep(interval)
+    second = _native.thread_stats(pid, last_cpu=True)
+    wall_ms = (time.monotonic_ns() - start) / 1e6
+    masks = {}
+    for st in second:
+        try:
+            masks[st.tid] = _native.get_affinity(st.tid)
+        except ProcessLookupError:
+            continue
+    if own:
+        from .threads import pinned_threads
+
+        mask, pins = process_cpus(), pinned_threads()
+    else:
+        mask, _ = process_mask_of(pid or 0, list(masks.values()))
+        pins = {}
+    out = []
+    for st in second:
+        before = first.get(st.tid)
+        cpus = masks.get(st.tid)
+        if before is None or cpus is None:
+            continue
+        if cpus == mask:
+            state = "process mask"
+        elif own:
+            state = "pinned" if pins.get(st.tid) == cpus else "stray"
+        else:
+            state = "narrower"
+        out.append(
+            ThreadSample(
+                st.tid,
+                st.name,
+                (st.run_ns - before.run_ns) / 1e6 / wall_ms * 1000,
+                (st.wait_ns - before.wait_ns) / 1e6 / wall_ms * 1000,
+                st.last_cpu,
+                cpus,
+                state,
+            )
+        )
+    return sorted(out, key=lambda s: -s.cpu_ms_per_s)
