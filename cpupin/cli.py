@@ -414,7 +414,15 @@ def _demo_threads() -> None:
 
     from .threads import Thread
 
+    def name(text: str) -> None:
+        try:  # the OS name, which Python before 3.14 leaves as the process's
+            with open("/proc/thread-self/comm", "w") as f:
+                f.write(text)
+        except OSError:
+            pass
+
     def busy() -> None:
+        name("demo-busy")
         while True:
             end = time.monotonic() + 0.003
             while time.monotonic() < end:
@@ -422,7 +430,12 @@ def _demo_threads() -> None:
             time.sleep(0.007)
 
     Thread(target=busy, name="demo-busy", daemon=True).start()
-    Thread(target=time.sleep, args=(1e9,), name="demo-idle", daemon=True).start()
+
+    def idle() -> None:
+        name("demo-idle")
+        time.sleep(1e9)
+
+    Thread(target=idle, name="demo-idle", daemon=True).start()
 
 
 def _pair(text: str) -> tuple[int | None, int | None]:

@@ -1,0 +1,244 @@
+"""Measurement: sample_threads, the handoff benchmark and the doctor. These
+check correctness with generous bounds; speed lives in bench/."""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import cpupin
+from cpupin.cli import main
+from cpupin.doctor import IDLE_PENALTY_NS, IDLE_STATE_US, diagnose
+from cpupin.handoff import handoff, handoff_python, pair_kinds
+from cpupin.hosts import HOSTS, host_named
+from cpupin.sampling import sample_threads
+from cpupin.topology import read_host
+
+two_cpus = pytest.mark.skipif(len(cpupin.process_cpus()) < 2, reason="needs two CPUs")
+
+
+def test_a_spinner_and_a_sleeper():
+    stop = threading.Event()
+    tids = {}
+
+    def spin():
+        tids["spin"] = threading.get_native_id()
+        while not stop.is_set():
+            pass
+
+    def sleep():
+        tids["sleep"] = threading.get_native_id()
+        stop.wait()
+
+    threads = [cpupin.Thread(target=spin), cpupin.Thread(target=sleep)]
+    for t in threads:
+        t.start()
+    try:
+        samples = {s.tid: s for s in sample_threads(interval=1.0)}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    spinner, sleeper = samples[tids["spin"]], samples[tids["sleep"]]
+    assert 400 < spinner.cpu_ms_per_s < 1100
+    assert sleeper.cpu_ms_per_s < 50
+    assert spinner.state == sleeper.state == "process mask"
+    assert spinner.mask == cpupin.process_cpus()
+    assert spinner.last_cpu in cpupin.process_cpus()
+
+
+SPINNER = "import os, sys; os.sched_setaffinity(0, {%d}); print(flush=True)\nwhile True: pass"
+
+
+def test_two_spinners_on_one_cpu_each_wait_half_the_time():
+    cpu = min(cpupin.process_cpus())
+    children = [
+        subprocess.Popen([sys.executable, "-c", SPINNER % cpu], stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    try:
+        for child in children:
+            child.stdout.readline()
+        time.sleep(0.2)
+        samples = [sample_threads(child.pid, interval=1.0)[0] for child in children]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    for s in samples:
+        assert 250 < s.cpu_ms_per_s < 750
+        assert 250 < s.wait_ms_per_s < 750
+        assert s.last_cpu == cpu and s.mask == {cpu}
+
+
+def test_sample_threads_refuses_a_bad_interval():
+    with pytest.raises(ValueError, match="interval"):
+        sample_threads(interval=0)
+
+
+@two_cpus
+@pytest.mark.parametrize("cpus", [(0, 0), (0, 1), (None, None), (1, 0)])
+def test_the_handoff_core_completes_and_counts_every_round(cpus):
+    result = handoff(cpus, rounds=300, warmup=30)
+    assert result.rounds == 300 and result.cpus == cpus and result.mode == "futex"
+    assert 0 < result.median_ns <= result.p90_ns <= result.p99_ns
+    assert result.wake_median_ns > 0
+
+
+@two_cpus
+def test_the_handoff_with_an_idle_sender_and_spinning():
+    idle = handoff((0, 1), rounds=50, warmup=5, idle_us=100)
+    assert idle.rounds == 50 and idle.idle_us == 100
+    spin = handoff((0, 1), rounds=500, spin=True)
+    assert spin.rounds == 500 and spin.mode == "spin"
+
+
+def test_spinning_on_one_cpu_is_refused_with_a_message():
+    with pytest.raises(ValueError, match="two different CPUs"):
+        handoff((0, 0), spin=True)
+    with pytest.raises(ValueError, match="two different CPUs"):
+        handoff((None, None), spin=True)
+
+
+def test_a_cpu_outside_the_mask_is_refused_with_a_message():
+    outside = max(cpupin.online_cpus()) + 1
+    with pytest.raises(ValueError, match=f"CPU {outside} is outside the process mask"):
+        handoff((0, outside))
+    with pytest.raises(ValueError, match="outside the process mask"):
+        handoff_python((outside, 0), rounds=10)
+
+
+@pytest.mark.parametrize("kind", ["event", "queue"])
+def test_the_python_handoff(kind):
+    cpu = min(cpupin.process_cpus())
+    result = handoff_python((cpu, cpu), rounds=200, kind=kind)
+    assert result.rounds == 200 and result.mode == f"python-{kind}" and result.median_ns > 0
+
+
+def test_pair_kinds_of_the_dgx_h100():
+    host = host_named("dgx-h100")
+    kinds = pair_kinds(host, host.cpus)
+    assert kinds == {
+        "same CPU": (0, 0),
+        "SMT sibling": (0, 112),
+        "other core": (0, 1),
+        "other node": (0, 56),
+        "unpinned": (None, None),
+    }
+    assert "other node" not in pair_kinds(host, range(56))
+
+
+# --- the doctor -------------------------------------------------------------------
+
+
+def doctor_json(*args, capsys):
+    assert main(["doctor", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_doctor_on_this_machine_follows_its_own_numbers(capsys):
+    start = time.monotonic()
+    data = doctor_json(capsys=capsys)
+    assert time.monotonic() - start < 60  # it should take well under ten seconds
+    assert {"verdict", "why", "deepest_idle_state", "handoff_ns"} <= set(data)
+    assert data["verdict"] in ("auto", "off")
+    host = read_host("/")
+    assert data["deepest_idle_state"]["latency_us"] == host.deepest_idle_state().latency_us
+    handoffs = data["handoff_ns"]
+    if "other core idle" in handoffs:
+        idle = handoffs["other core idle"]
+        penalty = (idle["wake_median_ns"] or idle["median_ns"]) - handoffs["other core busy"][
+            "median_ns"
+        ]
+        assert data["verdict"] == ("auto" if penalty >= IDLE_PENALTY_NS else "off")
+    if host.hypervisor:
+        assert any("virtual machine" in note for note in data["notes"])
+
+
+@pytest.mark.parametrize("name", sorted(HOSTS))
+def test_the_doctor_on_a_shipped_host_follows_the_idle_state_rule(name, capsys):
+    data = doctor_json("--host", name, capsys=capsys)
+    deepest = max(lat for _, lat in HOSTS[name].idle_states)
+    assert data["verdict"] == ("auto" if deepest >= IDLE_STATE_US else "off")
+    assert data["handoff_ns"] == {} and data["measured_on"] == "nowhere"
+    assert "not measured" in data["why"]
+
+
+def test_the_doctor_can_measure_here_for_a_shipped_host_and_says_so(capsys):
+    data = doctor_json("--host", "dgx-h100", "--measure-here", capsys=capsys)
+    assert data["measured_on"] == "this machine, not dgx-h100"
+    assert data["handoff_ns"]
+
+
+def test_the_doctor_from_numbers_alone():
+    host = host_named("xeon6-b300")
+    fake = {
+        k: cpupin.handoff.HandoffResult((0, 1), "futex", i, 100, m, m, m, w, w)
+        for k, i, m, w in [
+            ("same CPU busy", 0, 4_500, 4_500),
+            ("other core busy", 0, 5_000, 5_000),
+            ("other core idle", 200, 90_000, 140_000),
+        ]
+    }
+    d = diagnose(host, fake)
+    assert d.verdict == "auto" and "140 µs" in d.why and "C6 at 170 µs" in d.why
+    fake["other core idle"] = cpupin.handoff.HandoffResult(
+        (0, 1), "futex", 200, 100, 20_000, 1, 1, 22_000, 1
+    )
+    assert diagnose(host, fake).verdict == "off"
+
+
+# --- the commands -------------------------------------------------------------------
+
+
+def test_top_once_as_json(capsys):
+    assert main(["top", "self", "--count", "1", "--interval", "0.3", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and {"tid", "name", "cpu_ms_per_s", "wait_ms_per_s", "last_cpu", "mask"} <= set(
+        rows[0]
+    )
+
+
+@two_cpus
+def test_handoff_json_for_one_pair(capsys):
+    assert main(["handoff", "--cpus", "0,1", "--rounds", "200", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"cpus", "mode", "median_ns", "p99_ns", "rounds"} <= set(data)
+    assert data["cpus"] == [0, 1] and data["rounds"] == 200
+
+
+@two_cpus
+def test_handoff_matrix_json_with_progress(capsys):
+    assert main(["handoff", "--matrix", "--rounds", "100", "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    n = len(data["cpus"])
+    assert len(data["median_ns"]) == n and all(len(row) == n for row in data["median_ns"])
+    assert "pairs" in captured.err
+
+
+def test_handoff_matrix_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "m.png"
+    assert main(["handoff", "--matrix", "--rounds", "50", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["handoff", "--cpus", "0,0", "--spin"], "two different CPUs"),
+        (["handoff", "--cpus", "0,9999"], "outside the process mask"),
+        (["handoff", "--rounds", "0"], "--rounds 0"),
+        (["top", "nobody"], "'nobody' is not a pid"),
+        (["top", "self", "--interval", "0"], "--interval 0"),
+    ],
+)
+def test_bad_measurement_arguments_exit_2(args, says):
+    out = subprocess.run(
+        [sys.executable, "-m", "cpupin", *args], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
