@@ -553,7 +553,16 @@ def _plot(grid: dict[tuple[int, int], float], cpus: list[int], path: str) -> Non
     if len(cpus) <= 16:
         for i, row in enumerate(data):
             for j, value in enumerate(row):
-                ax.text(j, i, f"{value:.1f}", ha="center", va="center", color="w", fontsize=8)
+                bright = value > (min(map(min, data)) + max(map(max, data))) / 2
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.1f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="k" if bright else "w",
+                )
     fig.colorbar(image, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
