@@ -24,9 +24,11 @@ from ._native import (
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from .cpuplan import CpuPlan
 from .errors import PlanError, UnsupportedPlatform
+from .handoff import HandoffResult  # also makes cpupin.handoff.handoff reachable
 from .lock import Claim, claim_gpus
 from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
 from .process import process_cpus, set_process_cpus
+from .sampling import ThreadSample, sample_threads
 from .server import ServerPlan, child_env, plan_server, resolve_devices
 from .threads import (
     Pin,
@@ -46,6 +48,7 @@ __version__ = "0.1.0"
 __all__ = [
     "HAVE_AFFINITY",
     "Claim",
+    "HandoffResult",
     "Core",
     "CpuPlan",
     "Gpu",
@@ -60,6 +63,7 @@ __all__ = [
     "Thread",
     "ThreadInfo",
     "ThreadPool",
+    "ThreadSample",
     "WorkerPlacement",
     "child_env",
     "claim_gpus",
@@ -74,6 +78,7 @@ __all__ = [
     "plan_server",
     "read_host",
     "resolve_devices",
+    "sample_threads",
     "setting_from_env",
     "SchedStat",
     "ThreadStat",
