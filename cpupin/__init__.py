@@ -28,7 +28,7 @@ from .handoff import HandoffResult  # also makes cpupin.handoff.handoff reachabl
 from .lock import Claim, claim_gpus
 from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
 from .process import process_cpus, set_process_cpus
-from .sampling import ThreadSample, sample_threads
+from .sampling import Sampler, ThreadSample, sample_threads
 from .server import ServerPlan, child_env, plan_server, resolve_devices
 from .threads import (
     Pin,
@@ -63,6 +63,7 @@ __all__ = [
     "Thread",
     "ThreadInfo",
     "ThreadPool",
+    "Sampler",
     "ThreadSample",
     "WorkerPlacement",
     "child_env",

@@ -148,6 +148,13 @@ def diagnose(
         f"{_us(_idle_cost(idle))} against {_us(busy.median_ns)} to a running one and "
         f"{_us(same.median_ns)} on the same CPU"
     )
+    if busy.median_ns >= 5 * same.median_ns and busy.median_ns - same.median_ns >= 10_000:
+        notes.append(
+            f"waking another core costs {_us(busy.median_ns)} even while it runs, "
+            f"{busy.median_ns / same.median_ns:.0f}x a handoff on the same CPU: a workload whose "
+            "step threads fit on one CPU may still gain from a CPU number here; measure it "
+            "(examples/runtime.py, bench/runtime.py)"
+        )
     if penalty >= IDLE_PENALTY_NS:
         verdict = "auto"
         why = (

@@ -17,7 +17,7 @@ from . import _native
 from .cpulist import format_cpulist, parse_cpulist
 from .process import ENV_PROCESS_CPUS, process_cpus
 
-__all__ = ["ThreadSample", "process_mask_of", "sample_threads"]
+__all__ = ["Sampler", "ThreadSample", "process_mask_of", "sample_threads"]
 
 
 @dataclass(frozen=True)
@@ -61,52 +61,82 @@ def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[in
     return max(masks, key=len, default=frozenset()), "the widest mask among its threads"
 
 
+class Sampler:
+    """Samples every thread of a process over a block of work.
+
+    ``with Sampler(pid) as sampler: ...`` reads every thread on entry and on
+    exit; :attr:`samples` then holds each thread's CPU and wait ms per
+    second of the block. :func:`sample_threads` is the same over a sleep.
+    """
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid
+        self.samples: list[ThreadSample] = []
+        self._first: dict[int, _native.ThreadStat] = {}
+        self._start = 0
+
+    def start(self) -> Sampler:
+        self._first = {st.tid: st for st in _native.thread_stats(self.pid)}
+        self._start = time.monotonic_ns()
+        return self
+
+    def stop(self) -> list[ThreadSample]:
+        pid = self.pid
+        second = _native.thread_stats(pid, last_cpu=True)
+        wall_ms = max(time.monotonic_ns() - self._start, 1) / 1e6
+        own = pid is None or pid == os.getpid()
+        masks = {}
+        for st in second:
+            try:
+                masks[st.tid] = _native.get_affinity(st.tid)
+            except ProcessLookupError:
+                continue
+        if own:
+            from .threads import pinned_threads
+
+            mask, pins = process_cpus(), pinned_threads()
+        else:
+            mask, _ = process_mask_of(pid or 0, list(masks.values()))
+            pins = {}
+        out = []
+        for st in second:
+            before = self._first.get(st.tid)
+            cpus = masks.get(st.tid)
+            if before is None or cpus is None:
+                continue
+            if cpus == mask:
+                state = "process mask"
+            elif own:
+                state = "pinned" if pins.get(st.tid) == cpus else "stray"
+            else:
+                state = "narrower"
+            out.append(
+                ThreadSample(
+                    st.tid,
+                    st.name,
+                    (st.run_ns - before.run_ns) / 1e6 / wall_ms * 1000,
+                    (st.wait_ns - before.wait_ns) / 1e6 / wall_ms * 1000,
+                    st.last_cpu,
+                    cpus,
+                    state,
+                )
+            )
+        self.samples = sorted(out, key=lambda s: -s.cpu_ms_per_s)
+        return self.samples
+
+    def __enter__(self) -> Sampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def sample_threads(pid: int | None = None, interval: float = 1.0) -> list[ThreadSample]:
     """Sample every thread of ``pid`` (default: this process) over
     ``interval`` seconds; sorted by CPU time, busiest first. Threads that
     start or exit during the interval are left out."""
     if interval <= 0:
         raise ValueError(f"interval {interval!r} must be positive (seconds)")
-    own = pid is None or pid == os.getpid()
-    first = {st.tid: st for st in _native.thread_stats(pid)}
-    start = time.monotonic_ns()
+    sampler = Sampler(pid).start()
     time.sleep(interval)
-    second = _native.thread_stats(pid, last_cpu=True)
-    wall_ms = (time.monotonic_ns() - start) / 1e6
-    masks = {}
-    for st in second:
-        try:
-            masks[st.tid] = _native.get_affinity(st.tid)
-        except ProcessLookupError:
-            continue
-    if own:
-        from .threads import pinned_threads
-
-        mask, pins = process_cpus(), pinned_threads()
-    else:
-        mask, _ = process_mask_of(pid or 0, list(masks.values()))
-        pins = {}
-    out = []
-    for st in second:
-        before = first.get(st.tid)
-        cpus = masks.get(st.tid)
-        if before is None or cpus is None:
-            continue
-        if cpus == mask:
-            state = "process mask"
-        elif own:
-            state = "pinned" if pins.get(st.tid) == cpus else "stray"
-        else:
-            state = "narrower"
-        out.append(
-            ThreadSample(
-                st.tid,
-                st.name,
-                (st.run_ns - before.run_ns) / 1e6 / wall_ms * 1000,
-                (st.wait_ns - before.wait_ns) / 1e6 / wall_ms * 1000,
-                st.last_cpu,
-                cpus,
-                state,
-            )
-        )
-    return sorted(out, key=lambda s: -s.cpu_ms_per_s)
+    return sampler.stop()

@@ -156,8 +156,9 @@ def plan_server(
     value = parse_setting(env.get(ENV_SETTING) if setting is None else setting)
     host = read_host(root)
     allowed = (frozenset(mask) if mask is not None else process_cpus()) & host.cpus
-    # Under a CPU number the devices are only worker slots.
-    entries = resolve_devices(devices, host, env, strict=value == "auto")
+    # Under a CPU number, or on a host without GPUs, the devices are only
+    # worker slots.
+    entries = resolve_devices(devices, host, env, strict=value == "auto" and bool(host.gpus))
     placement = place(host, allowed, entries, value)
     claim = None
     if value == "auto":
