@@ -288,24 +288,10 @@ def _device(kind: str, text: str, host) -> str:  # type: ignore[no-untyped-def]
     return host.gpus[index].address
 
 
-def _process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[int], str]:
-    from .cpulist import parse_cpulist
-    from .process import ENV_PROCESS_CPUS
-
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(ENV_PROCESS_CPUS.encode() + b"="):
-                    text = item.split(b"=", 1)[1].decode("ascii", "replace")
-                    return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
-    except (OSError, ValueError):
-        pass
-    return max(masks, key=len), "the widest mask among its threads"
-
-
 def _cmd_audit(args: argparse.Namespace) -> int:
     from . import _native
     from .cpulist import format_cpulist
+    from .sampling import process_mask_of
 
     threads = []
     for st in _native.thread_stats(args.pid):
@@ -315,7 +301,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             continue
     if not threads:
         raise ProcessLookupError(3, "No such process", f"pid {args.pid}")
-    mask, source = _process_mask_of(args.pid, [m for _, m in threads])
+    mask, source = process_mask_of(args.pid, [m for _, m in threads])
     groups: dict[frozenset[int], list[tuple[int, str]]] = {}
     for st, cpus in threads:
         groups.setdefault(cpus, []).append((st.tid, st.name))
