@@ -77,3 +77,22 @@ def parked_threads(count, name="parked"):
             t.join()
         os.close(read)
         os.close(write)
+
+
+def in_forked_child(check):
+    """Whether ``check()`` is true in a forked child of this process."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            ok = bool(check())
+        except BaseException:  # noqa: BLE001 - the child must exit whatever happens
+            ok = False
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    return answer == b"1"

@@ -1,5 +1,7 @@
 """Hypothesis strategies shared by the tests."""
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
 #: CPU numbers well past 1024 and 4096, where fixed cpu_set_t code breaks.
@@ -83,19 +85,8 @@ def host_specs(draw, max_cores=256):
         for p in others
         if not (p.class_code >> 16 == 3 and p.vendor in GPU_VENDOR_IDS) and p.address not in taken
     )
-    return HostSpec(
-        "random",
-        sockets=sockets,
-        nodes_per_socket=nodes_per_socket,
-        cores_per_node=cores_per_node,
-        threads=threads,
-        siblings=siblings,
-        numa=numa,
-        gpus=gpus,
-        pci=others,
-        offline=offline,
-        idle_states=draw(st.sampled_from(((("POLL", 0),), (("POLL", 0), ("C1", 1), ("C6", 170))))),
-    )
+    states = draw(st.sampled_from(((("POLL", 0),), (("POLL", 0), ("C1", 1), ("C6", 170)))))
+    return replace(spec, gpus=gpus, pci=others, offline=offline, idle_states=states)
 
 
 @st.composite

@@ -12,7 +12,14 @@ import pytest
 import cpupin
 from cpupin import _native
 
-from .helpers import parked_threads, proc_comm, proc_last_cpu, proc_schedstat, proc_tids
+from .helpers import (
+    in_forked_child,
+    parked_threads,
+    proc_comm,
+    proc_last_cpu,
+    proc_schedstat,
+    proc_tids,
+)
 
 
 def run_in_threads(fn, count=8):
@@ -49,18 +56,7 @@ def test_gettid_is_the_native_id_in_every_thread():
 
 def test_gettid_in_a_forked_child_is_the_childs():
     cpupin.gettid()  # cache the parent's
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        ok = cpupin.gettid() == os.getpid() == threading.get_native_id()
-        os.write(write, b"1" if ok else b"0")
-        os._exit(0)
-    os.close(write)
-    answer = os.read(read, 1)
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert answer == b"1"
+    assert in_forked_child(lambda: cpupin.gettid() == os.getpid() == threading.get_native_id())
 
 
 # --- getcpu ----------------------------------------------------------------
@@ -415,18 +411,7 @@ def test_thread_stats_keeps_to_its_share_of_the_open_files_limit():
 
 def test_thread_stats_in_a_forked_child_reads_the_childs_threads():
     cpupin.thread_stats()  # opens this process's reader
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        ok = [s.tid for s in cpupin.thread_stats()] == [os.getpid()]
-        os.write(write, b"1" if ok else b"0")
-        os._exit(0)
-    os.close(write)
-    answer = os.read(read, 1)
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert answer == b"1"
+    assert in_forked_child(lambda: [s.tid for s in cpupin.thread_stats()] == [os.getpid()])
 
 
 # --- process mask ----------------------------------------------------------
