@@ -18,7 +18,7 @@ import os
 import resource
 import threading
 from collections.abc import Iterable
-from typing import NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from ._cpupin import ffi, lib
 from .cpulist import MAX_CPUS, as_cpu, format_cpulist, parse_cpulist
@@ -142,7 +142,7 @@ _nwords = _initial_words()
 _WORDS = ffi.typeof("uint64_t[]")
 
 
-def _thread_io(nwords: int = 0) -> object:
+def _thread_io(nwords: int = 0) -> Any:
     """This thread's buffer for the affinity calls: [tid, nwords, mask...]."""
     n = max(nwords, _nwords)
     io = ffi.new(_WORDS, 2 + n)
@@ -247,7 +247,7 @@ def cpu_set(cpus: Iterable[int] | str) -> frozenset[int]:
             if type(cpu) is not int or cpu < 0:
                 break
         else:
-            return cpus if kind is frozenset else frozenset(cpus)  # type: ignore[return-value]
+            return cpus if kind is frozenset else frozenset(cpus)  # type: ignore[return-value,arg-type]
     if isinstance(cpus, str):
         return parse_cpulist(cpus)
     try:

@@ -12,8 +12,12 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .topology import Host
 
 __all__ = ["main"]
 
@@ -271,7 +275,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _device(kind: str, text: str, host) -> str:  # type: ignore[no-untyped-def]
+def _device(kind: str, text: str, host: Host) -> str:
     from .errors import PlanError
     from .topology import parse_pci_address
 
@@ -428,7 +432,7 @@ def _pair(text: str) -> tuple[int | None, int | None]:
     parts = text.split(",")
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"{text!r} is not a pair such as 0,1")
-    out = []
+    out: list[int | None] = []
     for part in parts:
         part = part.strip()
         if part in ("any", "-"):

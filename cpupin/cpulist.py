@@ -115,7 +115,7 @@ def as_cpu(value: object) -> int:
     """
     if not isinstance(value, bool):
         try:
-            cpu = operator.index(value)  # type: ignore[call-overload]
+            cpu = operator.index(value)  # type: ignore[arg-type]
         except TypeError:
             pass
         else:

@@ -169,7 +169,7 @@ class HostSpec:
             cores=cores,
             nodes=tuple(Node(n, cpus) for n, cpus in sorted(nodes.items())),
             gpus=tuple(sorted(gpus, key=lambda g: pci_sort_key(g.address))),
-            idle_states={p: states for p in sorted({c.package for c in cores})},
+            idle_states={(-1 if p is None else p): states for p in {c.package for c in cores}},
             smt=self.threads > 1,
             cpuset=online if self.cpuset is None else None,
             hypervisor=self.hypervisor,
@@ -240,9 +240,11 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
                 _write(root, f"{base}/cpuidle/state{i}/disable", "0\n")
     nodes = spec.node_cpus()
     if spec.numa:
-        for n, cpus in nodes.items():
-            _write(root, f"sys/devices/system/node/node{n}/cpulist", format_cpulist(cpus) + "\n")
-            _write(root, f"sys/devices/system/node/node{n}/cpumap", _mask(cpus, words) + "\n")
+        for n, node_cpus in nodes.items():
+            _write(
+                root, f"sys/devices/system/node/node{n}/cpulist", format_cpulist(node_cpus) + "\n"
+            )
+            _write(root, f"sys/devices/system/node/node{n}/cpumap", _mask(node_cpus, words) + "\n")
         _write(root, "sys/devices/system/node/online", format_cpulist(nodes) + "\n")
         _write(root, "sys/devices/system/node/possible", format_cpulist(nodes) + "\n")
         with_cpus = [n for n, cpus in nodes.items() if cpus]
@@ -278,11 +280,11 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
     return root
 
 
-def _gpus(addresses: Mapping[int, list[str]], **kw: object) -> tuple[GpuSpec, ...]:
+def _gpus(
+    addresses: Mapping[int, list[str]], vendor: int = NVIDIA, class_code: int = 0x030200
+) -> tuple[GpuSpec, ...]:
     return tuple(
-        GpuSpec(a, node, **kw)
-        for node, group in addresses.items()  # type: ignore[arg-type]
-        for a in group
+        GpuSpec(a, node, vendor, class_code) for node, group in addresses.items() for a in group
     )
 
 

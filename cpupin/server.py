@@ -48,7 +48,7 @@ def resolve_devices(
     on a host without GPUs).
     """
     if not strict:
-        out = []
+        out: list[str] = []
         for entry in entries:
             try:
                 out.extend(resolve_devices([entry], host, environ))
