@@ -99,7 +99,7 @@ def _by_index(index: int, host: Host, visible: str | None) -> str:
 
 def _by_uuid(uuid: str) -> str:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         raise PlanError(
             f"CUDA_VISIBLE_DEVICES names {uuid!r}, a UUID: resolving it needs "
