@@ -105,7 +105,9 @@ class HostSpec:
         every = {self.cpu(c, t) for c in range(self.cores_count) for t in range(self.threads)}
         return frozenset(every - self.offline)
 
-    def core_cpus(self) -> list[tuple[int, ...]]:
+    def _cores(self) -> list[tuple[int, tuple[int, ...]]]:
+        """(core index, its online CPUs) of every core with one online, in
+        order of their lowest CPU."""
         online = self.online()
         cores = []
         for c in range(self.cores_count):
@@ -113,8 +115,11 @@ class HostSpec:
                 sorted(self.cpu(c, t) for t in range(self.threads) if self.cpu(c, t) in online)
             )
             if cpus:
-                cores.append(cpus)
-        return sorted(cores)
+                cores.append((c, cpus))
+        return sorted(cores, key=lambda core: core[1])
+
+    def core_cpus(self) -> list[tuple[int, ...]]:
+        return [cpus for _, cpus in self._cores()]
 
     def node_cpus(self) -> dict[int, frozenset[int]]:
         online = self.online()
@@ -161,7 +166,7 @@ class HostSpec:
             )
         states = tuple(IdleState(name, latency) for name, latency in self.idle_states)
         cores = tuple(
-            Core(cpus, self.package_of_node(self._node_of_core(cpus))) for cpus in self.core_cpus()
+            Core(cpus, self.package_of_node(c // self.cores_per_node)) for c, cpus in self._cores()
         )
         return Host(
             root="",
@@ -174,12 +179,6 @@ class HostSpec:
             cpuset=online if self.cpuset is None else None,
             hypervisor=self.hypervisor,
         )
-
-    def _node_of_core(self, cpus: tuple[int, ...]) -> int:
-        for c in range(self.cores_count):
-            if self.cpu(c, 0) in cpus or any(self.cpu(c, t) in cpus for t in range(self.threads)):
-                return c // self.cores_per_node
-        raise ValueError(cpus)
 
 
 def _write(root: str, rel: str, text: str) -> None:

@@ -67,27 +67,27 @@ class Thread(threading.Thread):
         own = self.__dict__.get("run")
         run = self.run  # what the thread would run, however it resolves
 
+        def restore() -> None:
+            # Drop the wrapper (and with it the reference to self), as
+            # Thread.run drops its target; an instance's own run comes back.
+            if own is None:
+                self.__dict__.pop("run", None)
+            else:
+                self.__dict__["run"] = own
+
         def run_on_process_mask() -> None:
             try:
                 if get_ident() == self.ident:  # not a direct run() from another thread
                     to_process_mask()
                 run()
             finally:
-                # Drop the wrapper (and with it the reference to self), as
-                # Thread.run drops its target.
-                if own is None:
-                    self.__dict__.pop("run", None)
-                else:
-                    self.__dict__["run"] = own
+                restore()
 
         self.__dict__["run"] = run_on_process_mask
         try:
             super().start()
         except BaseException:
-            if own is None:
-                self.__dict__.pop("run", None)
-            else:
-                self.__dict__["run"] = own
+            restore()
             raise
 
 

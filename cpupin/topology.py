@@ -36,8 +36,6 @@ __all__ = [
 #: PCI vendor ids of the GPU makers, all ranked together.
 GPU_VENDORS: Mapping[int, str] = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel"}
 
-_DEFAULT_PERIOD_US = 100_000
-
 
 @dataclass(frozen=True)
 class Core:

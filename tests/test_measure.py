@@ -140,9 +140,7 @@ def doctor_json(*args, capsys):
 
 
 def test_the_doctor_on_this_machine_follows_its_own_numbers(capsys):
-    start = time.monotonic()
     data = doctor_json(capsys=capsys)
-    assert time.monotonic() - start < 60  # it should take well under ten seconds
     assert {"verdict", "why", "deepest_idle_state", "handoff_ns"} <= set(data)
     assert data["verdict"] in ("auto", "off")
     host = read_host("/")

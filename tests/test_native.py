@@ -329,25 +329,11 @@ def test_thread_stats_while_threads_come_and_go_never_raises():
 
 
 def test_thread_stats_reads_names_as_they_change():
-    seen = {}
-    go = threading.Event()
-
-    def target():
-        seen["tid"] = threading.get_native_id()
-        go.wait()
-
-    t = threading.Thread(target=target)
-    t.start()
-    while "tid" not in seen:
-        os.sched_yield()
-    try:
-        first = {s.tid: s.name for s in cpupin.thread_stats()}[seen["tid"]]
-        with open(f"/proc/self/task/{seen['tid']}/comm", "w") as f:
+    with parked_threads(1) as (tid,):
+        first = {s.tid: s.name for s in cpupin.thread_stats()}[tid]
+        with open(f"/proc/self/task/{tid}/comm", "w") as f:
             f.write("renamed-thread")
-        second = {s.tid: s.name for s in cpupin.thread_stats()}[seen["tid"]]
-    finally:
-        go.set()
-        t.join()
+        second = {s.tid: s.name for s in cpupin.thread_stats()}[tid]
     assert first != "renamed-thread"
     assert second == "renamed-thread"
 
