@@ -527,6 +527,19 @@ def thread_stats(pid: int | None = None, *, last_cpu: bool = False) -> list[Thre
     ]
 
 
+_UINT = ffi.typeof("unsigned int *")
+
+
+def open_in_root(root_fd: int, path: str, want_dir: bool) -> tuple[int, int]:
+    """``path`` opened for reading as if ``root_fd`` were ``/`` (``openat2``
+    with ``RESOLVE_IN_ROOT``), only when it is a regular file (or, with
+    ``want_dir``, a directory): ``(fd, 0)``, or ``(-errno, st_mode)``, with
+    ``-EMEDIUMTYPE`` when the type is wrong. See :mod:`cpupin._sysfs`."""
+    mode = ffi.new(_UINT)
+    rc = lib.cpupin_open_in_root(root_fd, path.encode("utf-8", "surrogateescape"), want_dir, mode)
+    return rc, mode[0]
+
+
 def handoff_rounds(
     cpu_a: int, cpu_b: int, rounds: int, warmup: int, idle_us: int, spin: bool
 ) -> tuple[list[int], list[int]]:

@@ -12,14 +12,19 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ._sysfs import Reader
 from .cpulist import parse_cpulist
+from .errors import excerpt
 
 if TYPE_CHECKING:
-    from .topology import Quota, _Reader
+    from .topology import Quota
 
 __all__ = ["parse_cpu_max", "read_cgroup"]
 
 _DEFAULT_PERIOD_US = 100_000
+_MAX_US = (1 << 63) - 1
+#: Cgroup folders deeper than this are not walked (systemd nests a few).
+_MAX_DEPTH = 64
 
 
 def parse_cpu_max(text: str) -> tuple[int, int] | None | str:
@@ -29,32 +34,31 @@ def parse_cpu_max(text: str) -> tuple[int, int] | None | str:
     if not fields:
         return "empty"
     if len(fields) > 2:
-        return f"{text.strip()!r} has {len(fields)} fields, not 'QUOTA PERIOD'"
+        return f"{excerpt(text.strip())} has {len(fields)} fields, not 'QUOTA PERIOD'"
     if fields[0] == "max":
         return None
-    try:
-        quota = int(fields[0])
-        period = int(fields[1]) if len(fields) == 2 else _DEFAULT_PERIOD_US
-    except ValueError:
-        return f"{text.strip()!r} is not 'QUOTA PERIOD'"
+    if any(len(f) > 19 or not f.isascii() or not f.isdigit() for f in fields):
+        return f"{excerpt(text.strip())} is not 'QUOTA PERIOD' in whole microseconds"
+    quota = int(fields[0])
+    period = int(fields[1]) if len(fields) == 2 else _DEFAULT_PERIOD_US
     if quota <= 0 or period <= 0:
-        return f"{text.strip()!r} has a quota or period that is not positive"
+        return f"{excerpt(text.strip())} has a quota or period that is not positive"
     return quota, period
 
 
-def _mounts(r: _Reader) -> tuple[str | None, dict[str, str]]:
+def _mounts(r: Reader) -> tuple[str | None, dict[str, str]]:
     """The cgroup v2 mount point and the v1 mount point of each controller."""
     text = r.text("proc/self/mounts") or r.text("proc/mounts")
     unified: str | None = None
     v1: dict[str, str] = {}
     if text is None:
-        if os.path.exists(r.path("sys/fs/cgroup/cgroup.controllers")):
+        if r.is_file("sys/fs/cgroup/cgroup.controllers"):
             return "/sys/fs/cgroup", v1
         for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
-            if os.path.isdir(r.path(f"sys/fs/cgroup/{name}")):
+            if r.is_dir(f"sys/fs/cgroup/{name}"):
                 v1["cpu"] = f"/sys/fs/cgroup/{name}"
                 break
-        if os.path.isdir(r.path("sys/fs/cgroup/cpuset")):
+        if r.is_dir("sys/fs/cgroup/cpuset"):
             v1["cpuset"] = "/sys/fs/cgroup/cpuset"
         return None, v1
     for line in text.splitlines():
@@ -71,7 +75,7 @@ def _mounts(r: _Reader) -> tuple[str | None, dict[str, str]]:
     return unified, v1
 
 
-def _membership(r: _Reader) -> tuple[str | None, dict[str, str]]:
+def _membership(r: Reader) -> tuple[str | None, dict[str, str]]:
     """The process's v2 cgroup path and its v1 path of each controller."""
     unified: str | None = None
     v1: dict[str, str] = {}
@@ -95,14 +99,20 @@ def _membership(r: _Reader) -> tuple[str | None, dict[str, str]]:
     return unified, v1
 
 
-def _chain(r: _Reader, mount: str, path: str) -> list[str]:
+def _chain(r: Reader, mount: str, path: str) -> list[str]:
     """The cgroup's folder and its ancestors up to the mount, leaf first.
     Where the path is not there (a cgroup namespace), the mount itself."""
     rel = os.path.normpath("/" + path.strip()).lstrip("/")
+    if rel.count("/") >= _MAX_DEPTH:
+        r.reasons.append(
+            f"the cgroup path {excerpt(path)} is more than {_MAX_DEPTH} folders deep; "
+            "read at the mount only"
+        )
+        rel = ""
     chain = []
     while True:
         folder = os.path.join(mount, rel) if rel else mount
-        if os.path.isdir(r.path(folder)):
+        if r.is_dir(folder):
             chain.append(folder)
         if not rel:
             break
@@ -110,7 +120,7 @@ def _chain(r: _Reader, mount: str, path: str) -> list[str]:
     return chain or [mount]
 
 
-def _quota_v2(r: _Reader, chain: list[str]) -> tuple[int, int, str] | None:
+def _quota_v2(r: Reader, chain: list[str]) -> tuple[int, int, str] | None:
     best = None
     for folder in chain:
         rel = f"{folder}/cpu.max"
@@ -126,19 +136,21 @@ def _quota_v2(r: _Reader, chain: list[str]) -> tuple[int, int, str] | None:
     return best
 
 
-def _quota_v1(r: _Reader, chain: list[str]) -> tuple[int, int, str] | None:
+def _quota_v1(r: Reader, chain: list[str]) -> tuple[int, int, str] | None:
     best = None
     for folder in chain:
         quota_text = r.text(f"{folder}/cpu.cfs_quota_us")
         if quota_text is None:
             continue
         period_text = r.text(f"{folder}/cpu.cfs_period_us")
-        try:
-            quota = int(quota_text.strip())
-            period = int(period_text.strip()) if period_text is not None else _DEFAULT_PERIOD_US
-        except ValueError:
-            r.reasons.append(f"{folder}/cpu.cfs_quota_us: not a number; taken as no quota")
-            continue
+        quota = r.number(f"{folder}/cpu.cfs_quota_us", quota_text, -1, _MAX_US)
+        period = (
+            r.number(f"{folder}/cpu.cfs_period_us", period_text, 1, _MAX_US)
+            if period_text is not None
+            else _DEFAULT_PERIOD_US
+        )
+        if quota is None or period is None:
+            continue  # the reason says which; taken as no quota
         if quota <= 0 or period <= 0:
             continue  # -1: no quota
         if best is None or quota * best[1] < best[0] * period:
@@ -146,7 +158,7 @@ def _quota_v1(r: _Reader, chain: list[str]) -> tuple[int, int, str] | None:
     return best
 
 
-def _cpuset(r: _Reader, chain: list[str], names: tuple[str, ...]) -> frozenset[int] | None:
+def _cpuset(r: Reader, chain: list[str], names: tuple[str, ...]) -> frozenset[int] | None:
     for folder in chain:
         for name in names:
             text = r.text(f"{folder}/{name}")
@@ -160,7 +172,7 @@ def _cpuset(r: _Reader, chain: list[str], names: tuple[str, ...]) -> frozenset[i
     return None
 
 
-def read_cgroup(r: _Reader) -> tuple[frozenset[int] | None, Quota | None]:
+def read_cgroup(r: Reader) -> tuple[frozenset[int] | None, Quota | None]:
     """The cgroup cpuset (``None`` when unknown) and the strictest quota."""
     from .topology import Quota
 

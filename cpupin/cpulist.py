@@ -10,6 +10,8 @@ import operator
 import re
 from collections.abc import Iterable
 
+from .errors import excerpt
+
 __all__ = ["MAX_CPUS", "as_cpu", "format_cpulist", "parse_cpulist", "parse_cpumask"]
 
 #: One past the highest CPU number accepted. Linux allows at most 8192 CPUs
@@ -18,6 +20,7 @@ __all__ = ["MAX_CPUS", "as_cpu", "format_cpulist", "parse_cpulist", "parse_cpuma
 MAX_CPUS = 1 << 16
 
 _ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?\Z", re.ASCII)
+_DIGITS = 10  # more digits than any CPU number below MAX_CPUS could have
 _WORD = re.compile(r"[0-9a-fA-F]{1,8}\Z", re.ASCII)
 
 
@@ -27,27 +30,46 @@ def parse_cpulist(text: str) -> frozenset[int]:
     Surrounding white space and a trailing newline are fine and the empty
     string is the empty set (a NUMA node without CPUs). A reversed range, a
     stride (``0-7:2``), a sign, a number of :data:`MAX_CPUS` or more, or
-    anything else raises :class:`ValueError` quoting the text.
+    anything else raises :class:`ValueError` quoting (the start of) the text.
+
+    Linear in the text: ranges are merged before any CPU is counted, so
+    thousands of overlapping ranges cost no more than one.
     """
     if not isinstance(text, str):
         raise TypeError(f"a CPU list is a str such as '0-3,8', not {type(text).__name__}")
     body = text.strip()
     if not body:
         return frozenset()
-    cpus: set[int] = set()
+    ranges = []
     for item in body.split(","):
         m = _ITEM.match(item.strip())
         if m is None:
             raise ValueError(
-                f"bad CPU list {text!r}: {item!r} is not a CPU number or a range like 0-3"
+                f"bad CPU list {excerpt(text)}: {excerpt(item, 20)} is not a CPU number "
+                "or a range like 0-3"
             )
-        first = int(m.group(1))
-        last = int(m.group(2)) if m.group(2) is not None else first
+        first_text, last_text = m.group(1), m.group(2) or m.group(1)
+        if len(last_text) > _DIGITS or len(first_text) > _DIGITS:
+            raise ValueError(
+                f"bad CPU list {excerpt(text)}: {excerpt(item, 20)} is past the limit of {MAX_CPUS}"
+            )
+        first, last = int(first_text), int(last_text)
         if last < first:
-            raise ValueError(f"bad CPU list {text!r}: the range {item!r} runs backwards")
+            raise ValueError(
+                f"bad CPU list {excerpt(text)}: the range {excerpt(item, 20)} runs backwards"
+            )
         if last >= MAX_CPUS:
-            raise ValueError(f"bad CPU list {text!r}: CPU {last} is past the limit of {MAX_CPUS}")
-        cpus.update(range(first, last + 1))
+            raise ValueError(
+                f"bad CPU list {excerpt(text)}: CPU {last} is past the limit of {MAX_CPUS}"
+            )
+        ranges.append((first, last))
+    ranges.sort()
+    cpus: list[int] = []
+    top = -1
+    for first, last in ranges:
+        if last > top:
+            cpus.extend(range(max(first, top + 1), last + 1))
+            top = last
     return frozenset(cpus)
 
 
@@ -56,7 +78,7 @@ def parse_cpumask(text: str) -> frozenset[int]:
 
     Comma-separated 32-bit words, most significant first, of any width; the
     empty string is the empty set. Anything else raises :class:`ValueError`
-    quoting the text.
+    quoting (the start of) the text.
     """
     if not isinstance(text, str):
         raise TypeError(f"a CPU mask is a str such as 'ff,00000000', not {type(text).__name__}")
@@ -67,12 +89,20 @@ def parse_cpumask(text: str) -> frozenset[int]:
     for word in words:
         if _WORD.match(word) is None:
             raise ValueError(
-                f"bad CPU mask {text!r}: {word!r} is not a word of one to eight hex digits"
+                f"bad CPU mask {excerpt(text)}: {excerpt(word, 20)} is not a word of one to "
+                "eight hex digits"
             )
-    value = int("".join(word.zfill(8) for word in words), 16)
+    # Leading zero words are fine (the kernel pads to nr_cpu_ids); only the
+    # significant ones are converted.
+    first = 0
+    while first < len(words) - 1 and int(words[first], 16) == 0:
+        first += 1
+    if 32 * (len(words) - first - 1) >= MAX_CPUS:
+        raise ValueError(f"bad CPU mask {excerpt(text)}: a CPU past the limit of {MAX_CPUS} is set")
+    value = int("".join(word.zfill(8) for word in words[first:]), 16)
     if value.bit_length() > MAX_CPUS:
         raise ValueError(
-            f"bad CPU mask {text[:40]!r}...: CPU {value.bit_length() - 1} is past "
+            f"bad CPU mask {excerpt(text)}: CPU {value.bit_length() - 1} is past "
             f"the limit of {MAX_CPUS}"
         )
     return frozenset(_bits(value))

@@ -5,7 +5,19 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["PlanError", "UnsupportedPlatform"]
+__all__ = ["PlanError", "UnsupportedPlatform", "excerpt"]
+
+
+def excerpt(text: object, size: int = 40) -> str:
+    """A short, printable quotation of ``text`` for a message: at most
+    ``size`` characters, anything unprintable escaped, ``...`` when cut.
+    Whatever cpupin read from outside is quoted back only this way."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str):
+        text = repr(text)
+    body = repr(text[:size])
+    return body + ("..." if len(text) > size else "")
 
 
 class UnsupportedPlatform(OSError):

@@ -194,6 +194,20 @@ def _mask(cpus: Iterable[int], words: int) -> str:
     return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
 
 
+def _pci_device(root: str, address: str) -> str:
+    """A PCI function's folder, where sysfs keeps it (under its root bus in
+    ``sys/devices``), with the relative symlink ``sys/bus/pci/devices``
+    holds; returns the folder's path under the root."""
+    address = parse_pci_address(address)
+    folder = f"sys/devices/pci{address[:7]}/{address}"
+    os.makedirs(os.path.join(root, folder), exist_ok=True)
+    link = os.path.join(root, "sys/bus/pci/devices", address)
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if not os.path.lexists(link):
+        os.symlink(f"../../../devices/pci{address[:7]}/{address}", link)
+    return folder
+
+
 def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
     """Write the sysfs and procfs files of ``spec`` under ``root``."""
     root = os.fspath(root)
@@ -249,7 +263,7 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
         with_cpus = [n for n, cpus in nodes.items() if cpus]
         _write(root, "sys/devices/system/node/has_cpu", format_cpulist(with_cpus) + "\n")
     for gpu in spec.gpus:
-        base = f"sys/bus/pci/devices/{parse_pci_address(gpu.address)}"
+        base = _pci_device(root, gpu.address)
         _write(root, f"{base}/class", f"{gpu.class_code:#08x}\n")
         _write(root, f"{base}/vendor", f"{gpu.vendor:#06x}\n")
         _write(root, f"{base}/numa_node", f"{gpu.node}\n")
@@ -257,7 +271,7 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
             local = nodes.get(gpu.node, online) if spec.numa else online
             _write(root, f"{base}/local_cpulist", format_cpulist(local) + "\n")
     for dev in spec.pci:
-        base = f"sys/bus/pci/devices/{parse_pci_address(dev.address)}"
+        base = _pci_device(root, dev.address)
         _write(root, f"{base}/class", f"{dev.class_code:#08x}\n")
         _write(root, f"{base}/vendor", f"{dev.vendor:#06x}\n")
         _write(root, f"{base}/numa_node", f"{dev.node}\n")

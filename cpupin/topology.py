@@ -15,10 +15,12 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
+from ._sysfs import Reader
+from .cpulist import MAX_CPUS, format_cpulist
+from .errors import excerpt
 
 __all__ = [
     "GPU_VENDORS",
@@ -184,74 +186,44 @@ def pci_sort_key(address: str) -> tuple[int, int, int, int]:
 # --- reading ---------------------------------------------------------------
 
 
-class _Reader:
-    """Reads small files under a root; records why something is unknown."""
-
-    def __init__(self, root: str) -> None:
-        self.root = os.path.abspath(root)
-        self.reasons: list[str] = []
-
-    def path(self, rel: str) -> str:
-        return os.path.join(self.root, rel.lstrip("/"))
-
-    def text(self, rel: str) -> str | None:
-        try:
-            fd = os.open(self.path(rel), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            # Some kernels (and captures) end a value with a NUL.
-            return os.read(fd, 65536).decode("utf-8", "replace").replace("\x00", "")
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-
-    def listdir(self, rel: str) -> list[str] | None:
-        try:
-            return os.listdir(self.path(rel))
-        except OSError:
-            return None
-
-    def cpus(self, rel: str, *, mask: bool = False) -> frozenset[int] | None:
-        text = self.text(rel)
-        if text is None:
-            return None
-        try:
-            return parse_cpumask(text) if mask else parse_cpulist(text)
-        except ValueError as exc:
-            self.reasons.append(f"{rel}: {exc}")
-            return None
-
-    def integer(self, rel: str) -> int | None:
-        text = self.text(rel)
-        if text is None:
-            return None
-        try:
-            return int(text.strip(), 0)
-        except ValueError:
-            self.reasons.append(f"{rel}: {text.strip()[:40]!r} is not a number")
-            return None
-
-
 _CPU = "sys/devices/system/cpu"
 _NODE = "sys/devices/system/node"
 _PCI_DEVICES = "sys/bus/pci/devices"
 
 
+#: The highest node or package id accepted (the kernel allows 1,024 nodes).
+_MAX_ID = MAX_CPUS
+#: The longest idle-state exit latency accepted: a second.
+_MAX_LATENCY_US = 1_000_000
+#: How much of /proc/cpuinfo is read (1.5 KB a CPU: the first CPU's flags).
+_CPUINFO_HEAD = 64 << 10
+
+
 def _numbered(names: Iterable[str], prefix: str) -> list[int]:
+    """The numbers N of the names ``<prefix>N``, below :data:`MAX_CPUS`."""
     out = []
+    size = len(prefix)
     for name in names:
+        number = name[size:]
         if (
             name.startswith(prefix)
-            and name[len(prefix) :].isdigit()
-            and name[len(prefix) :].isascii()
+            and 0 < len(number) <= 6
+            and number.isdigit()
+            and number.isascii()
+            and int(number) < MAX_CPUS
         ):
-            out.append(int(name[len(prefix) :]))
+            out.append(int(number))
     return sorted(out)
 
 
-def _online_cpus(r: _Reader) -> frozenset[int]:
+def _name(text: str | None, default: str) -> str:
+    """A name read from the tree, as it may be shown: printable, at most 32
+    characters; ``default`` when there is none."""
+    body = "".join(c for c in (text or "").strip() if c.isprintable())[:32]
+    return body or default
+
+
+def _online_cpus(r: Reader) -> frozenset[int]:
     online = r.cpus(f"{_CPU}/online")
     if online is not None:
         return online
@@ -263,7 +235,7 @@ def _online_cpus(r: _Reader) -> frozenset[int]:
         if flag is not None:
             if flag.strip() == "1":
                 found.add(cpu)
-        elif os.path.isdir(r.path(f"{_CPU}/cpu{cpu}/topology")):
+        elif r.is_dir(f"{_CPU}/cpu{cpu}/topology"):
             found.add(cpu)
     if found:
         r.reasons.append(f"no {_CPU}/online: took the CPUs with a topology folder")
@@ -272,7 +244,7 @@ def _online_cpus(r: _Reader) -> frozenset[int]:
     return frozenset(found)
 
 
-def _siblings(r: _Reader, cpu: int) -> frozenset[int] | None:
+def _siblings(r: Reader, cpu: int) -> frozenset[int] | None:
     base = f"{_CPU}/cpu{cpu}/topology"
     for name in ("core_cpus_list", "thread_siblings_list"):
         cpus = r.cpus(f"{base}/{name}")
@@ -285,7 +257,7 @@ def _siblings(r: _Reader, cpu: int) -> frozenset[int] | None:
     return None
 
 
-def _cores(r: _Reader, online: frozenset[int]) -> tuple[Core, ...]:
+def _cores(r: Reader, online: frozenset[int]) -> tuple[Core, ...]:
     seen: dict[int, int] = {}  # cpu -> index in groups
     groups: list[set[int]] = []
     packages: list[int | None] = []
@@ -301,7 +273,7 @@ def _cores(r: _Reader, online: frozenset[int]) -> tuple[Core, ...]:
         for c in members:
             seen[c] = len(groups)
         groups.append(members)
-        packages.append(r.integer(f"{_CPU}/cpu{cpu}/topology/physical_package_id"))
+        packages.append(r.integer(f"{_CPU}/cpu{cpu}/topology/physical_package_id", -1, _MAX_ID))
     if missing:
         r.reasons.append(
             f"no SMT siblings listed for CPU {format_cpulist(missing)}: each taken as a core"
@@ -313,7 +285,7 @@ def _cores(r: _Reader, online: frozenset[int]) -> tuple[Core, ...]:
     return tuple(sorted(cores, key=lambda c: c.cpus[0]))
 
 
-def _nodes(r: _Reader, online: frozenset[int]) -> tuple[Node, ...]:
+def _nodes(r: Reader, online: frozenset[int]) -> tuple[Node, ...]:
     ids = _numbered(r.listdir(_NODE) or [], "node")
     if not ids:
         r.reasons.append("no NUMA nodes listed: one node, node 0, holds every CPU")
@@ -343,7 +315,7 @@ def _nodes(r: _Reader, online: frozenset[int]) -> tuple[Node, ...]:
     return tuple(nodes)
 
 
-def _gpus(r: _Reader, nodes: tuple[Node, ...]) -> tuple[Gpu, ...]:
+def _gpus(r: Reader, nodes: tuple[Node, ...]) -> tuple[Gpu, ...]:
     names = r.listdir(_PCI_DEVICES)
     if names is None:
         r.reasons.append(f"no {_PCI_DEVICES}: no GPUs known")
@@ -352,23 +324,22 @@ def _gpus(r: _Reader, nodes: tuple[Node, ...]) -> tuple[Gpu, ...]:
     node_cpus = {n.id: n.cpus for n in nodes}
     gpus = []
     for name in names:
-        class_code = r.integer(f"{_PCI_DEVICES}/{name}/class")
-        if class_code is None or class_code >> 16 != 0x03:
-            continue
-        vendor_id = r.integer(f"{_PCI_DEVICES}/{name}/vendor")
-        if vendor_id is None:
-            r.reasons.append(
-                f"{_PCI_DEVICES}/{name}: a display device with no vendor; taken as a GPU"
-            )
-        elif vendor_id not in GPU_VENDORS:
-            continue
+        # Only a name that is a PCI address becomes part of a path or a reason.
         try:
             address = parse_pci_address(name)
         except ValueError:
-            r.reasons.append(f"{_PCI_DEVICES}/{name}: not a PCI address, left out")
+            r.reasons.append(f"{_PCI_DEVICES}/{excerpt(name)}: not a PCI address, left out")
             continue
         base = f"{_PCI_DEVICES}/{name}"
-        node: int | None = r.integer(f"{base}/numa_node")
+        class_code = r.integer(f"{base}/class", 0, 0xFFFFFF)
+        if class_code is None or class_code >> 16 != 0x03:
+            continue
+        vendor_id = r.integer(f"{base}/vendor", 0, 0xFFFF)
+        if vendor_id is None:
+            r.reasons.append(f"{base}: a display device with no vendor; taken as a GPU")
+        elif vendor_id not in GPU_VENDORS:
+            continue
+        node: int | None = r.integer(f"{base}/numa_node", -1, _MAX_ID)
         if node is None or node < 0:
             # PLACEMENT.md: -1 (or no file) means the only node on a host with
             # one node or none, and no node on a host with several.
@@ -385,7 +356,7 @@ def _gpus(r: _Reader, nodes: tuple[Node, ...]) -> tuple[Gpu, ...]:
     return tuple(sorted(gpus, key=lambda g: pci_sort_key(g.address)))
 
 
-def _idle_states(r: _Reader, cores: tuple[Core, ...]) -> dict[int, tuple[IdleState, ...]]:
+def _idle_states(r: Reader, cores: tuple[Core, ...]) -> dict[int, tuple[IdleState, ...]]:
     # One CPU a package: every CPU of a package has the same cpuidle driver,
     # and reading each CPU's would cost thousands of files on a large host.
     firsts: dict[int, int] = {}
@@ -397,8 +368,8 @@ def _idle_states(r: _Reader, cores: tuple[Core, ...]) -> dict[int, tuple[IdleSta
         base = f"{_CPU}/cpu{cpu}/cpuidle"
         states = []
         for index in _numbered(r.listdir(base) or [], "state"):
-            name = (r.text(f"{base}/state{index}/name") or f"state{index}").strip()
-            latency = r.integer(f"{base}/state{index}/latency")
+            name = _name(r.text(f"{base}/state{index}/name"), f"state{index}")
+            latency = r.integer(f"{base}/state{index}/latency", 0, _MAX_LATENCY_US)
             if latency is None:
                 continue
             disabled = (r.text(f"{base}/state{index}/disable") or "0").strip() not in ("0", "")
@@ -410,10 +381,11 @@ def _idle_states(r: _Reader, cores: tuple[Core, ...]) -> dict[int, tuple[IdleSta
     return out
 
 
-def _hypervisor(r: _Reader) -> bool:
-    if os.path.exists(r.path("sys/hypervisor/type")):
+def _hypervisor(r: Reader) -> bool:
+    if r.is_file("sys/hypervisor/type"):
         return bool((r.text("sys/hypervisor/type") or "").strip())
-    text = r.text("proc/cpuinfo") or ""
+    # The first CPU's flags are enough: read the head of the file only.
+    text = r.text("proc/cpuinfo", limit=_CPUINFO_HEAD, head=True) or ""
     return bool(re.search(r"^flags\s*:.*\bhypervisor\b", text, re.MULTILINE))
 
 
@@ -424,7 +396,13 @@ def read_host(root: str | os.PathLike[str] = "/") -> Host:
     """
     from .cgroup import read_cgroup
 
-    r = _Reader(os.fspath(root))
+    with Reader(os.fspath(root)) as r:
+        return _read(r, read_cgroup)
+
+
+def _read(
+    r: Reader, read_cgroup: Callable[[Reader], tuple[frozenset[int] | None, Quota | None]]
+) -> Host:  # noqa: E501
     online = _online_cpus(r)
     cores = _cores(r, online)
     nodes = _nodes(r, online)

@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <linux/futex.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -177,6 +178,70 @@ int cpupin_schedstat(int pid, int tid, unsigned long long *out3)
     close(fd);
     buf[len] = '\0';
     return parse_schedstat(buf, out3);
+}
+
+/* --- files under a root --------------------------------------------------- */
+
+#ifndef SYS_openat2
+#define SYS_openat2 437 /* the same number on every architecture */
+#endif
+#define CPUPIN_RESOLVE_NO_MAGICLINKS 0x02
+#define CPUPIN_RESOLVE_IN_ROOT 0x10
+
+struct cpupin_open_how { uint64_t flags, mode, resolve; };
+
+/* Opens path as if rootfd were "/": ".." stops at the root and every
+ * symlink, absolute or relative, resolves inside it (openat2, Linux 5.6).
+ * The file is opened O_PATH first and its type checked, so that nothing but
+ * a regular file (want_dir 0) or a directory (want_dir 1) is ever opened for
+ * reading: no FIFO wait, no device open. *mode gets st_mode. Returns the fd,
+ * -EMEDIUMTYPE when the type is wrong, or -errno (-ENOSYS or -EPERM where
+ * openat2 is missing or refused by seccomp: the caller walks instead). */
+int cpupin_open_in_root(int rootfd, const char *path, int want_dir, unsigned int *mode)
+{
+    struct cpupin_open_how how = {O_PATH | O_CLOEXEC, 0,
+                                  CPUPIN_RESOLVE_IN_ROOT | CPUPIN_RESOLVE_NO_MAGICLINKS};
+    struct stat st;
+    char self[48];
+    long pfd;
+    int fd, ok;
+
+    pfd = syscall(SYS_openat2, rootfd, path, &how, sizeof how);
+    if (pfd < 0)
+        return -errno;
+    if (fstat((int)pfd, &st) < 0) {
+        int err = errno;
+        close((int)pfd);
+        return -err;
+    }
+    *mode = st.st_mode;
+    ok = want_dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode);
+    if (!ok) {
+        close((int)pfd);
+        return -EMEDIUMTYPE;
+    }
+    /* Reopen the very inode checked, for reading. */
+    snprintf(self, sizeof self, "/proc/self/fd/%ld", pfd);
+    fd = open(self, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (want_dir ? O_DIRECTORY : 0));
+    if (fd < 0 && errno == ENOENT) {
+        /* No /proc: open the path again and make sure it is the same inode. */
+        struct stat again;
+        how.flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (want_dir ? O_DIRECTORY : 0);
+        fd = (int)syscall(SYS_openat2, rootfd, path, &how, sizeof how);
+        if (fd >= 0 && (fstat(fd, &again) < 0 || again.st_dev != st.st_dev ||
+                        again.st_ino != st.st_ino)) {
+            close(fd);
+            fd = -1;
+            errno = EAGAIN;
+        }
+    }
+    if (fd < 0) {
+        int err = errno;
+        close((int)pfd);
+        return -err;
+    }
+    close((int)pfd);
+    return fd;
 }
 
 /* --- every task of one process ------------------------------------------ */
@@ -639,6 +704,10 @@ int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, in
     return -ENOSYS;
 }
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3) { return -ENOSYS; }
+int cpupin_open_in_root(int rootfd, const char *path, int want_dir, unsigned int *mode)
+{
+    return -ENOSYS;
+}
 cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err)
 {
     *err = -ENOSYS;

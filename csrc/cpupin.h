@@ -24,6 +24,12 @@ int cpupin_mask_is(const uint64_t *want);
 /* One task's /proc/<pid>/task/<tid>/schedstat; tid 0 is the calling thread. */
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3);
 
+/* path opened as if rootfd were "/" (openat2 RESOLVE_IN_ROOT, no magic
+ * links), for reading, only when it is a regular file (want_dir 0) or a
+ * directory (1). Returns the fd, -EMEDIUMTYPE for another type (*mode holds
+ * st_mode), or -errno; -ENOSYS/-EPERM: openat2 missing or refused. */
+int cpupin_open_in_root(int rootfd, const char *path, int want_dir, unsigned int *mode);
+
 /* Every task of one process, with descriptors kept open between reads. */
 typedef struct cpupin_tasks cpupin_tasks;
 cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err);
