@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from ._cpupin import ffi, lib
 from .cpulist import MAX_CPUS, as_cpu, format_cpulist, parse_cpulist
-from .errors import UnsupportedPlatform
+from .errors import UnsupportedPlatform, excerpt
 
 __all__ = [
     "HAVE_AFFINITY",
@@ -59,10 +59,27 @@ def _who(tid: int) -> str:
     return "the calling thread" if tid == 0 else f"tid {tid}"
 
 
+#: One past the highest pid or tid the kernel can hand out (PID_MAX_LIMIT:
+#: ``pid_max`` is at most 2**22 on 64-bit kernels).
+PID_LIMIT = 1 << 22
+
+
 def _as_tid(tid: object) -> int:
-    if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
-        raise ValueError(f"tid {tid!r} is not a thread id: give a tid from 1, or 0 for the caller")
+    if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < PID_LIMIT:
+        raise ValueError(
+            f"tid {excerpt(tid)} is not a thread id: give a tid from 1 to {PID_LIMIT - 1}, "
+            "or 0 for the calling thread"
+        )
     return int(tid)
+
+
+def as_pid(pid: object) -> int:
+    """``pid`` as a process id, or :class:`ValueError` naming it."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < PID_LIMIT:
+        raise ValueError(
+            f"pid {excerpt(pid)} is not a process id: give a pid from 1 to {PID_LIMIT - 1}"
+        )
+    return int(pid)
 
 
 def _read_cpulist(name: str) -> frozenset[int] | None:
@@ -187,7 +204,7 @@ def get_affinity(tid: int = 0) -> frozenset[int]:
     a kernel tid (``sched_getaffinity``). Raises ``ProcessLookupError`` naming
     the tid when it is gone.
     """
-    if type(tid) is not int or tid < 0:
+    if type(tid) is not int or not 0 <= tid < PID_LIMIT:
         tid = _as_tid(tid)
     try:
         io = _tls.io
@@ -298,7 +315,7 @@ def set_affinity(cpus: Iterable[int] | str, tid: int = 0) -> None:
     mask is read back, and a mask that differs raises ``ValueError`` saying
     which CPUs were dropped and where the thread now runs.
     """
-    if type(tid) is not int or tid < 0:
+    if type(tid) is not int or not 0 <= tid < PID_LIMIT:
         tid = _as_tid(tid)
     wanted = cpu_set(cpus)
     entry = _encoded.get(wanted)
@@ -392,12 +409,9 @@ def schedstat(tid: int = 0, pid: int | None = None) -> SchedStat:
     ``tid`` 0 is the calling thread; ``pid`` ``None`` is this process. Raises
     ``ProcessLookupError`` naming the tid when the thread is gone.
     """
-    if type(tid) is not int:
+    if type(tid) is not int or not 0 <= tid < PID_LIMIT:
         tid = _as_tid(tid)
-    if pid is None:
-        pid = 0
-    elif isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        raise ValueError(f"pid {pid!r} is not a process id: give a pid from 1, or None")
+    pid = 0 if pid is None else as_pid(pid)
     if tid == 0 and pid:
         raise ValueError(f"tid 0 means the calling thread: name a tid of pid {pid}")
     try:
@@ -498,11 +512,7 @@ def thread_stats(pid: int | None = None, *, last_cpu: bool = False) -> list[Thre
     thread that exits while being read is left out, never an exception;
     ``ProcessLookupError`` means the process itself is gone.
     """
-    own = os.getpid()
-    if pid is None:
-        pid = own
-    elif isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        raise ValueError(f"pid {pid!r} is not a process id: give a pid from 1, or None")
+    pid = os.getpid() if pid is None else as_pid(pid)
     result = _reader(pid).read(last_cpu)
     if isinstance(result, int):
         _readers.pop(pid, None)

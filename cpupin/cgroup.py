@@ -19,7 +19,7 @@ from .errors import excerpt
 if TYPE_CHECKING:
     from .topology import Quota
 
-__all__ = ["parse_cpu_max", "read_cgroup"]
+__all__ = ["parse_cpu_max", "read_cgroup", "read_cgroup_cpuset"]
 
 _DEFAULT_PERIOD_US = 100_000
 _MAX_US = (1 << 63) - 1
@@ -192,3 +192,10 @@ def read_cgroup(r: Reader) -> tuple[frozenset[int] | None, Quota | None]:
         chain = _chain(r, unified_mount, unified_path or "/")
         cpuset = _cpuset(r, chain, ("cpuset.cpus.effective",))
     return cpuset, Quota(*quota) if quota else None
+
+
+def read_cgroup_cpuset(root: str = "/") -> frozenset[int] | None:
+    """The CPUs the cgroup cpuset of the process allows now, read under
+    ``root``; ``None`` when no cpuset says."""
+    with Reader(root) as r:
+        return read_cgroup(r)[0]

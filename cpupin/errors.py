@@ -12,6 +12,10 @@ def excerpt(text: object, size: int = 40) -> str:
     """A short, printable quotation of ``text`` for a message: at most
     ``size`` characters, anything unprintable escaped, ``...`` when cut.
     Whatever cpupin read from outside is quoted back only this way."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        # str() of a huge int raises (Python's digit limit); hex never does.
+        shown = str(text) if text.bit_length() <= 64 else f"{text:#x}"
+        return shown[:size] + ("..." if len(shown) > size else "")
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not isinstance(text, str):

@@ -7,7 +7,25 @@ kernel drops a lock however its holder exits, so a dead server never blocks
 the next; the file is never unlinked (unlinking would let two servers lock
 two different files of one name).
 
-A shared ``/tmp`` is hostile ground, so the directory is opened with
+The threat model. The lock directory is shared by every server on the
+host, and in the default ``/tmp`` by every user. A lock is only as good as
+the name that leads to it: whoever can rename or unlink a lock file while a
+server holds it lets a second server create and lock a fresh file of the
+same name, and both then hold the GPU. In a directory, the owner of the
+directory can rename anything in it, anyone with write access can too
+unless the sticky bit is set, and with the sticky bit the owner of each
+file still can. So cpupin trusts:
+
+- a lock directory owned by root or by the claiming user, and not
+  world-writable unless it has the sticky bit (``/tmp`` is root's, 1777);
+- in a world-writable directory, only lock files owned by root or by the
+  claiming user; one owned by another user is refused with a reason that
+  names the owner;
+- in a directory that is not world-writable (a group-shared directory such
+  as ``root:gpu 2770`` named by ``CPUPIN_LOCK_DIR``), every lock file: only
+  the users the operator let write there can touch them.
+
+A shared ``/tmp`` is hostile ground in other ways too, so the directory is opened with
 ``O_DIRECTORY | O_NOFOLLOW`` and everything happens relative to it; a lock
 file is created with ``O_EXCL | O_NOFOLLOW`` and ``fchmod`` to 0644 (the
 umask is never touched), an existing one is opened read-only with
@@ -22,6 +40,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import pwd
 import stat
 import threading
 from collections.abc import Iterable
@@ -130,7 +149,52 @@ def _dir_path(dir_fd: int) -> str:
     return f"/proc/self/fd/{dir_fd}"
 
 
-def _lock_one(dir_fd: int, address: str, path: str) -> int:
+def _who(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
+def _trusted(uid: int) -> bool:
+    return uid == 0 or uid == os.geteuid()
+
+
+def _check_owner(info: os.stat_result, path: str, shared: bool) -> None:
+    """Refuse a lock file another user could rename away (see the module's
+    threat model): in a world-writable directory, only one owned by root or
+    by this user is trusted."""
+    if shared and not _trusted(info.st_uid):
+        raise _Refused(
+            f"{path} is owned by {_who(info.st_uid)}, who could rename it away while a "
+            f"server holds its lock; remove it, or set {ENV_LOCK_DIR} to a directory "
+            "that only the servers' users can write (a group-shared directory that is "
+            "not world-writable)"
+        )
+
+
+def _check_dir(dir_fd: int, directory: str) -> bool:
+    """Refuse a lock directory whose files others could rename; return
+    whether it is world-writable (sticky, like /tmp), where each lock file's
+    owner is checked too."""
+    info = os.fstat(dir_fd)
+    if not _trusted(info.st_uid):
+        raise _Refused(
+            f"the lock directory {directory} is owned by {_who(info.st_uid)}, who can "
+            f"rename the lock files in it; set {ENV_LOCK_DIR} to a directory owned by root "
+            "or by this user"
+        )
+    world = bool(info.st_mode & stat.S_IWOTH)
+    if world and not info.st_mode & stat.S_ISVTX:
+        raise _Refused(
+            f"the lock directory {directory} is world-writable without the sticky bit, so "
+            f"anyone can rename its lock files; chmod +t it, or set {ENV_LOCK_DIR} to a "
+            "directory that is not world-writable"
+        )
+    return world
+
+
+def _lock_one(dir_fd: int, address: str, path: str, shared: bool) -> int:
     name = _file_name(address)
     for _ in range(3):
         fd = _open_lock_file(dir_fd, name, path)
@@ -138,6 +202,7 @@ def _lock_one(dir_fd: int, address: str, path: str) -> int:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise _Refused(f"{path} is not a regular file; remove it")
+            _check_owner(info, path, shared)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -235,13 +300,14 @@ def claim_gpus(addresses: Iterable[str], lock_dir: str | os.PathLike[str] | None
         )
     taken: list[str] = []
     try:
+        shared = _check_dir(dir_fd, directory)
         with _held_lock:
             for address in canonical:
                 held = _held.get(address)
                 if held is not None:
                     held.count += 1
                 else:
-                    fd = _lock_one(dir_fd, address, paths[address])
+                    fd = _lock_one(dir_fd, address, paths[address], shared)
                     _held[address] = _Held(fd, 1, paths[address])
                 taken.append(address)
             generation = _generation

@@ -19,7 +19,7 @@ from .cpulist import format_cpulist, parse_cpulist
 
 log = logging.getLogger("cpupin")
 
-__all__ = ["ENV_PROCESS_CPUS", "process_cpus", "set_process_cpus"]
+__all__ = ["ENV_PROCESS_CPUS", "process_cpus", "set_process_cpus", "start_time"]
 
 _lock = threading.Lock()
 
@@ -89,3 +89,26 @@ def set_process_cpus(cpus: Iterable[int] | str) -> frozenset[int]:
     with _lock:
         _process_cpus = wanted
     return wanted
+
+
+def start_time(pid: int, tid: int | None = None) -> int | None:
+    """When a process (or, with ``tid``, a thread of it) started, in clock
+    ticks since boot (field 22 of ``stat``); ``None`` when it is gone.
+
+    A pid or tid is reused once its task is gone; the pair (id, start time)
+    is not, so comparing it tells a task from a later one of the same id.
+    ``pid`` 0 is this process (``/proc/self``), whose ``task`` folder holds
+    only its own threads.
+    """
+    where = "self" if pid == 0 else str(pid)
+    path = f"/proc/{where}/stat" if tid is None else f"/proc/{where}/task/{tid}/stat"
+    try:
+        with open(path, "rb") as f:
+            text = f.read(4096)
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None

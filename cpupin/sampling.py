@@ -9,13 +9,14 @@ that mask is the process mask, a registered pin, or neither.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass
 
 from . import _native
 from .cpulist import format_cpulist, parse_cpulist
-from .process import ENV_PROCESS_CPUS, process_cpus
+from .process import ENV_PROCESS_CPUS, process_cpus, start_time
 
 __all__ = ["Sampler", "ThreadSample", "process_mask_of", "sample_threads"]
 
@@ -70,12 +71,32 @@ class Sampler:
     """
 
     def __init__(self, pid: int | None = None) -> None:
-        self.pid = pid
+        self.pid = None if pid is None else _native.as_pid(pid)
         self.samples: list[ThreadSample] = []
         self._first: dict[int, _native.ThreadStat] = {}
         self._start = 0
+        self._started: int | None = None
+
+    def _same_process(self) -> None:
+        """Raise unless the pid still names the process first sampled: a pid
+        is reused once its process is gone, and figures from two processes
+        would be foreign or negative. Its start time tells them apart."""
+        pid = self.pid
+        if pid is None or pid == os.getpid():
+            return
+        started = start_time(pid)
+        if self._started is None:
+            self._started = started
+        if started is None or started != self._started:
+            raise ProcessLookupError(
+                errno.ESRCH,
+                f"pid {pid} exited"
+                + (" and now names another process" if started is not None else "")
+                + "; sampling stopped",
+            )
 
     def start(self) -> Sampler:
+        self._same_process()
         self._first = {st.tid: st for st in _native.thread_stats(self.pid)}
         self._start = time.monotonic_ns()
         return self
@@ -83,6 +104,7 @@ class Sampler:
     def stop(self) -> list[ThreadSample]:
         pid = self.pid
         second = _native.thread_stats(pid, last_cpu=True)
+        self._same_process()
         wall_ms = max(time.monotonic_ns() - self._start, 1) / 1e6
         own = pid is None or pid == os.getpid()
         masks = {}
@@ -102,8 +124,8 @@ class Sampler:
         for st in second:
             before = self._first.get(st.tid)
             cpus = masks.get(st.tid)
-            if before is None or cpus is None:
-                continue
+            if before is None or cpus is None or st.run_ns < before.run_ns:
+                continue  # new in the interval (a reused tid reads less than before)
             if cpus == mask:
                 state = "process mask"
             elif own:

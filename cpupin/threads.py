@@ -15,6 +15,8 @@ or ``ThreadPoolExecutor`` (ruff's TID251 refuses them elsewhere).
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import threading
 from _thread import get_ident
@@ -25,7 +27,9 @@ from typing import Any, NamedTuple
 
 from . import _native
 from .cpulist import format_cpulist
-from .process import process_cpus
+from .process import process_cpus, set_process_cpus, start_time
+
+log = logging.getLogger("cpupin")
 
 __all__ = [
     "Pin",
@@ -35,6 +39,7 @@ __all__ = [
     "pin_current_thread",
     "pin_step_thread",
     "pinned_threads",
+    "refresh_process_cpus",
     "register_warmup",
     "stray_threads",
 ]
@@ -44,11 +49,75 @@ def to_process_mask() -> None:
     """Move the calling thread to the process mask, unless it is there.
 
     Reading the mask costs about a third of setting it, so a thread already
-    on the process mask (the common case) pays only the read.
+    on the process mask (the common case) pays only the read. Never raises
+    for a process mask the kernel no longer allows whole: see
+    :func:`_fit_process_mask`.
     """
     cpus = process_cpus()
     if not _native.on_mask(cpus):
-        _native.set_affinity(cpus)
+        try:
+            _native.set_affinity(cpus)
+        except ValueError:
+            _fit_process_mask(cpus)
+
+
+# Process masks already warned about: the warning is logged once each.
+_warned: set[frozenset[int]] = set()
+
+
+def _fit_process_mask(cpus: frozenset[int]) -> None:
+    """The cpuset shrank, or CPUs went offline, since the process mask was
+    recorded: the calling thread takes what the kernel still allows of the
+    process mask, or, when that is nothing, keeps the mask it inherited.
+    Logged once for each process mask; the work runs either way."""
+    usable = cpus & _native.online_cpus(refresh=True)
+    if usable:
+        try:
+            _native.set_affinity(usable)
+        except ValueError:
+            pass  # the kernel set what it allows of it, or left the mask alone
+    now = _native.get_affinity()
+    with _pins_lock:
+        if cpus in _warned:
+            return
+        _warned.add(cpus)
+    if now <= cpus:
+        what = f"new threads run on what is left of it, CPU {format_cpulist(now)}"
+    else:
+        what = f"new threads keep their creator's mask, CPU {format_cpulist(now)}"
+    log.warning(
+        "cpupin: the kernel no longer allows the whole process mask %s (the cpuset or "
+        "the online CPUs changed); %s; call cpupin.refresh_process_cpus() after a cpuset "
+        "change",
+        format_cpulist(cpus),
+        what,
+    )
+
+
+def refresh_process_cpus() -> frozenset[int]:
+    """Read the process mask again, after the process's cpuset changed
+    (a Kubernetes CPU manager, an operator writing the cgroup), and return it.
+
+    The kernel moves every thread when a cpuset changes, so the new mask is
+    the main thread's, unless the main thread is pinned through cpupin: then
+    it is the old mask within the cgroup's cpuset and the online CPUs (the
+    whole cpuset when nothing of the old mask is left). Threads started
+    afterwards through cpupin start there; threads already running keep
+    their masks, and pins are not revalidated.
+    """
+    pid = os.getpid()
+    with _pins_lock:
+        main_pinned = pid in _pins
+    if not main_pinned:
+        try:
+            return set_process_cpus(_native.get_affinity(pid))
+        except (ProcessLookupError, ValueError):
+            pass  # the main thread has exited, or its mask is not online
+    from .cgroup import read_cgroup_cpuset
+
+    online = _native.online_cpus(refresh=True)
+    allowed = (read_cgroup_cpuset("/") or online) & online
+    return set_process_cpus(process_cpus() & allowed or allowed)
 
 
 class Thread(threading.Thread):
@@ -167,19 +236,33 @@ class Pin:
     cpus: frozenset[int]
     previous: frozenset[int]
     _released: bool = False
+    _started: int | None = None
+    """The thread's start time, which tells it from a later thread that
+    reuses its tid."""
 
     def release(self) -> None:
-        """Put the thread back on its previous mask and forget the pin."""
+        """Put the thread back on its previous mask and forget the pin.
+
+        Acts only on the pinned thread itself: from that thread directly;
+        from another, only while ``/proc/self/task`` still lists the tid with
+        the start time it had when pinned. A thread that exited (its tid
+        perhaps reused, by this process or another) is left alone.
+        """
         if self._released:
             return
         self._released = True
         with _pins_lock:
             if _pins.get(self.tid) == self.cpus:
                 del _pins[self.tid]
+        if self.tid == _native.gettid():
+            _native.set_affinity(self.previous)
+            return
+        if self._started is None or start_time(0, self.tid) != self._started:
+            return  # the thread is gone; the tid may name another task now
         try:
             _native.set_affinity(self.previous, self.tid)
         except ProcessLookupError:
-            pass  # the thread is gone
+            pass  # exited just now
 
     def __enter__(self) -> Pin:
         return self
@@ -213,7 +296,7 @@ def pin_current_thread(cpus: Iterable[int] | str) -> Pin:
     _native.set_affinity(wanted)
     with _pins_lock:
         _pins[tid] = wanted
-    return Pin(tid, wanted, previous)
+    return Pin(tid, wanted, previous, _started=start_time(0, tid))
 
 
 def pin_step_thread(cpus: Iterable[int] | str) -> Pin:

@@ -406,8 +406,16 @@ static ssize_t read_file(cpupin_tasks *t, struct task *k, int f, char *buf, size
         ssize_t len;
         if (!kept) {
             fd = open_file(t, k->tid, f);
+            if (fd < 0 && (errno == EMFILE || errno == ENFILE) && t->nopen > 0) {
+                /* Out of descriptors: give back every kept one, keep none
+                 * from now on, and read open-read-close instead. */
+                for (int i = 0; i < t->ntasks; i++)
+                    close_task(t, &t->tasks[i]);
+                t->max_open = 0;
+                fd = open_file(t, k->tid, f);
+            }
             if (fd < 0)
-                return gone(errno);
+                return gone(errno); /* -EMFILE stays distinct from a task gone */
             if (t->nopen < t->max_open) {
                 k->fd[f] = fd;
                 t->nopen++;
@@ -433,7 +441,6 @@ static ssize_t read_file(cpupin_tasks *t, struct task *k, int f, char *buf, size
     return -ESRCH;
 }
 
-/* Field 39 of stat, counted after the last ')' so that no name confuses it. */
 /* Field n of a stat line, counted after the last ')' so that no name
  * confuses it; -1 when it is not a number. */
 static long stat_field(const char *buf, int n)
@@ -496,7 +503,10 @@ again:
         long long cpu = -1;
         ssize_t len;
 
-        if (read_file(t, k, F_SCHED, buf, sizeof buf) < 0 || parse_schedstat(buf, st) < 0) {
+        len = read_file(t, k, F_SCHED, buf, sizeof buf);
+        if (len < 0 && len != -ESRCH)
+            return (int)len; /* EMFILE, EACCES...: an error, not a thread gone */
+        if (len < 0 || parse_schedstat(buf, st) < 0) {
             if (!listed) {
                 listed = 1; /* a thread is gone, so others may have come: list them */
                 goto again;
@@ -504,13 +514,18 @@ again:
             continue;       /* exited while being read */
         }
         len = read_file(t, k, F_COMM, buf, 65);
+        if (len < 0 && len != -ESRCH)
+            return (int)len;
         if (len < 0)
             continue;
         if (buf[len - 1] == '\n')
             buf[--len] = '\0';
         if (last_cpu) {
             char sbuf[1024];
-            if (read_file(t, k, F_STAT, sbuf, sizeof sbuf) < 0)
+            ssize_t slen = read_file(t, k, F_STAT, sbuf, sizeof sbuf);
+            if (slen < 0 && slen != -ESRCH)
+                return (int)slen;
+            if (slen < 0)
                 continue;
             cpu = stat_field(sbuf, 39);
         }
@@ -523,6 +538,8 @@ again:
         vals[5 * count + 4] = cpu;
         count++;
     }
+    if (count == 0)
+        return -ESRCH; /* a live process has a thread: every one read was gone */
     *need = used;
     return count;
 }

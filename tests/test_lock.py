@@ -171,9 +171,10 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 
 @pytest.fixture
 def public_dir():
-    """A folder another user can reach (pytest's tmp_path is root's alone)."""
+    """A folder another user can reach, shared as /tmp is (1777; pytest's tmp_path
+    is root's alone)."""
     path = tempfile.mkdtemp(prefix="cpupin-lock-")
-    os.chmod(path, 0o777)
+    os.chmod(path, 0o1777)
     yield Path(path)
     shutil.rmtree(path, ignore_errors=True)
 
