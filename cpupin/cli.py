@@ -9,19 +9,94 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+import traceback
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from . import __version__
+from ._native import PID_LIMIT
+from .errors import excerpt
+from .hosts import HOSTS
 
 if TYPE_CHECKING:
-    from .topology import Host
+    from .sampling import Sampler
+    from .topology import Core, Host
 
 __all__ = ["main"]
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+#: Where to report a bug, printed with an internal error.
+REPORT = "https://github.com/cpupin/cpupin/issues"
+
+
+def _whole(name: str, lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: ASCII digits naming a whole number from lo to hi."""
+
+    def parse(text: str) -> int:
+        body = text.strip()
+        if not (body.isascii() and body.isdigit() and len(body) <= 12):
+            raise argparse.ArgumentTypeError(
+                f"{excerpt(text)} is not a whole number: {name} runs from {lo} to {hi}"
+            )
+        value = int(body)
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{name} {value} is outside {lo} to {hi}")
+        return value
+
+    return parse
+
+
+def _seconds(lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds from lo to hi."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text) if len(text) <= 32 else math.nan
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise argparse.ArgumentTypeError(
+                f"{excerpt(text)} is not a number of seconds from {lo:g} to {hi:g}"
+            )
+        return value
+
+    return parse
+
+
+_pid = _whole("pid", 1, PID_LIMIT - 1)
+
+
+def _pid_or_self(text: str) -> int | None:
+    if text == "self":
+        return None
+    try:
+        return _pid(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{excerpt(text)} is not a pid: give a process id from 1 to {PID_LIMIT - 1}, or self"
+        ) from None
+
+
+def _nonempty(what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"an empty {what}: name one")
+        return text
+
+    return parse
+
+
+def _host_name(text: str) -> str:
+    if text not in HOSTS:
+        raise argparse.ArgumentTypeError(
+            f"no shipped host {excerpt(text)}: choose one of {', '.join(sorted(HOSTS))}"
+        )
+    return text
 
 
 def _print_json(obj: object) -> None:
@@ -59,19 +134,20 @@ def _cmd_threads(args: argparse.Namespace) -> int:
 
 def _host_arg(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--root", metavar="DIR", help="read sysfs and procfs under DIR")
-    where.add_argument("--host", metavar="NAME", help="a shipped host: " + ", ".join(_host_names()))
-
-
-def _host_names() -> list[str]:
-    from .hosts import HOSTS
-
-    return sorted(HOSTS)
+    where.add_argument(
+        "--root", type=_nonempty("--root"), metavar="DIR", help="read sysfs and procfs under DIR"
+    )
+    where.add_argument(
+        "--host",
+        type=_host_name,
+        metavar="NAME",
+        help="a shipped host: " + ", ".join(sorted(HOSTS)),
+    )
 
 
 def _load_host(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """(host, its title, the mask a process there has)."""
-    from .hosts import HOSTS, host_named
+    from .hosts import host_named
     from .process import process_cpus
     from .topology import read_host
 
@@ -80,7 +156,7 @@ def _load_host(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         return host, f"{args.host}: {HOSTS[args.host].description}", host.default_mask()
     if args.root:
         if not os.path.isdir(args.root):
-            raise ValueError(f"--root {args.root!r} is not a directory")
+            raise ValueError(f"--root {excerpt(args.root)} is not a directory")
         host = read_host(args.root)
         return host, f"the tree under {host.root}", host.default_mask()
     host = read_host("/")
@@ -150,9 +226,10 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         f"CPUs   {len(host.cpus)} online ({format_cpulist(host.cpus)}), {len(host.cores)} "
         f"cores, {smt} ({'/'.join(map(str, sorted(threads)))} thread(s) a core)"
     )
+    cores_of = _cores_by_node(host)
     for node in host.nodes:
         gpus = [g.address for g in host.gpus if g.node == node.id]
-        cores = sum(1 for core in host.cores if core.cpus[0] in node.cpus)
+        cores = len(cores_of.get(node.id, ()))
         cpus = f"CPUs {format_cpulist(node.cpus)} ({cores} cores)" if node.cpus else "no CPUs"
         print(f"node {node.id:<3} {cpus}" + (f"; GPUs {' '.join(gpus)}" if gpus else ""))
     for g in host.gpus:
@@ -189,6 +266,16 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cores_by_node(host: Host) -> dict[int | None, list[Core]]:
+    """The host's cores grouped by the node of their first CPU, in one pass
+    (a 65,536-CPU host has 2,048 nodes: no scan of every core a node)."""
+    node_of = {cpu: node.id for node in host.nodes for cpu in node.cpus}
+    groups: dict[int | None, list[Core]] = {}
+    for core in host.cores:
+        groups.setdefault(node_of.get(core.cpus[0]), []).append(core)
+    return groups
+
+
 def _tag(kind: str):  # type: ignore[no-untyped-def]
     def parse(text: str) -> tuple[str, str]:
         return kind, text
@@ -210,8 +297,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     setting = parse_setting(args.setting)
     host, title, mask = _load_host(args)
     if args.mask is not None:
-        mask = parse_cpulist(args.mask)
+        try:
+            mask = parse_cpulist(args.mask)
+        except ValueError as exc:
+            raise ValueError(f"--mask: {exc}") from None
     allowed = frozenset(mask) & host.cpus
+    if not allowed:
+        raise ValueError(
+            f"--mask {excerpt(args.mask or format_cpulist(mask))} names no online CPU of "
+            f"the host (its CPUs are {format_cpulist(host.cpus) or 'none'})"
+        )
     if args.all_gpus or not args.entries:
         if not host.gpus and not args.entries:
             raise ValueError(f"{title} has no GPU: name worker slots with --gpu or --device")
@@ -259,11 +354,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         "cores of each node (A: a server's step core, a: its result CPU, .: free, "
         "' ': outside the mask)"
     )
+    cores_of = _cores_by_node(host)
     for node in host.cpu_nodes:
         cells = []
-        for core in host.cores:
-            if core.cpus[0] not in node.cpus:
-                continue
+        for core in cores_of.get(node.id, ()):
             marks = [owner.get(cpu) for cpu in core.cpus if cpu in allowed]
             if not any(cpu in allowed for cpu in core.cpus):
                 cells.append(" ")
@@ -348,24 +442,29 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 def _cmd_top(args: argparse.Namespace) -> int:
     import itertools
+
+    from .sampling import Sampler
+
+    pid = args.pid
+    if pid is None:
+        _demo_threads()
+    sampler = Sampler(pid)
+    counts = range(args.count) if args.count is not None else itertools.count()
+    try:
+        _top(args, sampler, counts)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how top ends
+    return 0
+
+
+def _top(args: argparse.Namespace, sampler: Sampler, counts: Iterable[int]) -> None:
     import time
 
-    from .sampling import sample_threads
-
-    if args.interval <= 0:
-        raise ValueError(f"--interval {args.interval} must be positive (seconds)")
-    if args.count is not None and args.count < 1:
-        raise ValueError(f"--count {args.count} must be at least 1")
-    if args.pid == "self":
-        pid = None
-        _demo_threads()
-    elif args.pid.isascii() and args.pid.isdigit():
-        pid = int(args.pid)
-    else:
-        raise ValueError(f"{args.pid!r} is not a pid: give a process id, or self")
-    counts = range(args.count) if args.count is not None else itertools.count()
+    pid = args.pid
     for i in counts:
-        samples = sample_threads(pid, args.interval)
+        sampler.start()
+        time.sleep(args.interval)
+        samples = sampler.stop()
         if args.json:
             json.dump([s.as_dict() for s in samples], sys.stdout)
             sys.stdout.write("\n")
@@ -388,7 +487,6 @@ def _cmd_top(args: argparse.Namespace) -> int:
                 f"{_short(s.mask):14} {s.state}"
             )
         sys.stdout.flush()
-    return 0
 
 
 def _short(cpus: frozenset[int]) -> str:
@@ -437,21 +535,59 @@ def _pair(text: str) -> tuple[int | None, int | None]:
         part = part.strip()
         if part in ("any", "-"):
             out.append(None)
-        elif part.isascii() and part.isdigit():
+        elif part.isascii() and part.isdigit() and len(part) <= 6:
             out.append(int(part))
         else:
             raise argparse.ArgumentTypeError(f"{part!r} in {text!r} is not a CPU number")
     return out[0], out[1]
 
 
+#: The most handoffs --matrix measures (a minute or so at 10 µs each).
+_MATRIX_ROUNDS = 10_000_000
+
+
+def _need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install 'cpupin[plot]'") from None
+
+
 def _cmd_handoff(args: argparse.Namespace) -> int:
+    from .cpulist import format_cpulist
     from .handoff import format_pair, handoff, handoff_matrix, handoff_python, pair_kinds
     from .process import process_cpus
     from .topology import read_host
 
-    if args.rounds <= 0:
-        raise ValueError(f"--rounds {args.rounds} must be positive")
     mask = process_cpus()
+    if args.plot and not args.matrix:
+        raise ValueError("--plot draws the --matrix: add --matrix")
+    if args.cpus is not None and args.matrix:
+        raise ValueError("--cpus names one pair and --matrix measures every pair: give one")
+    if args.cpus is not None:
+        outside = [cpu for cpu in args.cpus if cpu is not None and cpu not in mask]
+        if outside:
+            raise ValueError(
+                f"--cpus: CPU {format_cpulist(outside)} is outside the process mask "
+                f"{format_cpulist(mask)}: name CPUs of the mask, or any"
+            )
+        if args.spin and (None in args.cpus or args.cpus[0] == args.cpus[1]):
+            raise ValueError(
+                "--spin needs two different CPUs in --cpus (two spinners on one CPU, or "
+                "unpinned, wait on each other)"
+            )
+    if args.spin and len(mask) < 2:
+        raise ValueError(
+            f"--spin needs two CPUs, and this process may use only CPU {format_cpulist(mask)}"
+        )
+    if args.matrix and len(mask) * len(mask) * args.rounds > _MATRIX_ROUNDS:
+        raise ValueError(
+            f"--matrix of {len(mask)} CPUs with --rounds {args.rounds} is "
+            f"{len(mask) ** 2 * args.rounds} handoffs: lower --rounds, or narrow the mask "
+            "with taskset"
+        )
+    if args.plot:
+        _need_matplotlib()
     if args.matrix:
 
         def progress(done: int, total: int) -> None:
@@ -627,7 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     threads = sub.add_parser(
         "threads", help="list a process's threads with CPU time, run-queue wait and last CPU"
     )
-    threads.add_argument("pid", nargs="?", type=int, help="process id (default: this process)")
+    threads.add_argument("pid", nargs="?", type=_pid, help="process id (default: this process)")
     threads.add_argument("--json", action="store_true", help="print JSON")
     threads.set_defaults(handler=_cmd_threads)
 
@@ -673,7 +809,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit = sub.add_parser(
         "audit", help="group another process's threads by CPU mask; list the narrower ones"
     )
-    audit.add_argument("pid", type=int, help="process id")
+    audit.add_argument("pid", type=_pid, help="process id")
     audit.add_argument("--json", action="store_true", help="print JSON")
     audit.add_argument(
         "--fail-on-narrow",
@@ -683,9 +819,17 @@ def build_parser() -> argparse.ArgumentParser:
     audit.set_defaults(handler=_cmd_audit)
 
     top = sub.add_parser("top", help="a live per-thread table: CPU ms/s, run-queue wait ms/s")
-    top.add_argument("pid", help="process id, or self for cpupin's own threads (a demo)")
-    top.add_argument("--interval", type=float, default=1.0, help="seconds a sample (1)")
-    top.add_argument("--count", type=int, help="samples to take (default: until interrupted)")
+    top.add_argument(
+        "pid", type=_pid_or_self, help="process id, or self for cpupin's own threads (a demo)"
+    )
+    top.add_argument(
+        "--interval", type=_seconds(0.01, 3600), default=1.0, help="seconds a sample (1)"
+    )
+    top.add_argument(
+        "--count",
+        type=_whole("--count", 1, 1_000_000),
+        help="samples to take (default: until interrupted)",
+    )
     top.add_argument("--json", action="store_true", help="print each sample as a JSON list")
     top.set_defaults(handler=_cmd_top)
 
@@ -695,7 +839,7 @@ def build_parser() -> argparse.ArgumentParser:
     hand.add_argument("--plot", metavar="FILE.png", help="with --matrix: a heatmap (matplotlib)")
     hand.add_argument(
         "--idle-us",
-        type=int,
+        type=_whole("--idle-us", 0, 1_000_000),
         default=0,
         metavar="N",
         help="the sender waits N µs before each handoff (idle states show)",
@@ -710,7 +854,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("event", "queue"),
         help="measure two cpupin.Threads in Python instead of C",
     )
-    hand.add_argument("--rounds", type=int, default=2000, help="rounds a pair (2000)")
+    hand.add_argument(
+        "--rounds", type=_whole("--rounds", 1, 1_000_000), default=2000, help="rounds a pair (2000)"
+    )
     hand.add_argument("--json", action="store_true", help="print JSON")
     hand.set_defaults(handler=_cmd_handoff)
 
@@ -727,20 +873,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line: 0 done, 1 an internal error (a bug of cpupin's,
+    printed as one line unless ``CPUPIN_DEBUG=1``), 2 bad input or a request
+    this host cannot meet; argparse's own errors exit 2 as well."""
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         return 0
+    name = f"cpupin {args.command}"
     try:
         return handler(args)
     except BrokenPipeError:
+        # The reader went away (| head): no message, and no second error when
+        # Python flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
     except OSError as exc:
         what = f"{exc.filename}: " if exc.filename else ""
-        print(f"cpupin {args.command}: {what}{exc.strerror or exc}", file=sys.stderr)
+        print(f"{name}: {what}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except ValueError as exc:
-        print(f"cpupin {args.command}: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - no traceback reaches a user
+        if os.environ.get("CPUPIN_DEBUG") == "1":
+            raise
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        print(
+            f"{name}: internal error: {type(exc).__name__}: {excerpt(str(exc), 200)} "
+            f"(at {os.path.basename(where.filename)}:{where.lineno}); please report it at "
+            f"{REPORT} (CPUPIN_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1

@@ -232,7 +232,7 @@ def test_handoff_matrix_plot(tmp_path, capsys):
         (["handoff", "--cpus", "0,9999"], "outside the process mask"),
         (["handoff", "--rounds", "0"], "--rounds 0"),
         (["top", "nobody"], "'nobody' is not a pid"),
-        (["top", "self", "--interval", "0"], "--interval 0"),
+        (["top", "self", "--interval", "0"], "--interval: '0' is not a number of seconds"),
     ],
 )
 def test_bad_measurement_arguments_exit_2(args, says):
