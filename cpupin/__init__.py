@@ -38,6 +38,7 @@ from .threads import (
     pin_current_thread,
     pin_step_thread,
     pinned_threads,
+    refresh_process_cpus,
     register_warmup,
     stray_threads,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "pin_current_thread",
     "pin_step_thread",
     "pinned_threads",
+    "refresh_process_cpus",
     "register_warmup",
     "stray_threads",
     "place",

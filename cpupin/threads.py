@@ -54,11 +54,11 @@ def to_process_mask() -> None:
     :func:`_fit_process_mask`.
     """
     cpus = process_cpus()
-    if not _native.on_mask(cpus):
-        try:
+    try:
+        if not _native.on_mask(cpus):
             _native.set_affinity(cpus)
-        except ValueError:
-            _fit_process_mask(cpus)
+    except ValueError:  # a CPU of the mask went offline, or left the cpuset
+        _fit_process_mask(cpus)
 
 
 # Process masks already warned about: the warning is logged once each.

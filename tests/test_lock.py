@@ -229,3 +229,63 @@ def test_the_lock_directory_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("CPUPIN_LOCK_DIR", str(tmp_path))
     with claim_gpus([GPU]) as claim:
         assert claim and claim.paths[GPU] == str(tmp_path / f"cpupin-gpu-{GPU}.lock")
+
+
+# --- the threat model: another user who could rename a lock away ------------
+
+
+def owned_dir(mode, uid=0):
+    path = tempfile.mkdtemp(prefix="cpupin-lock-")
+    os.chown(path, uid, -1)
+    os.chmod(path, mode)
+    return Path(path)
+
+
+@needs_root
+def test_another_users_lock_file_in_a_world_writable_dir_is_refused_naming_the_owner(public_dir):
+    path = lock_path(GPU, public_dir)
+    with open(path, "w"):
+        pass
+    os.chown(path, NOBODY, -1)  # nobody could rename it away while we hold it
+    claim = claim_gpus([GPU], public_dir)
+    assert not claim
+    assert f"uid {NOBODY}" in claim.reason and path in claim.reason
+    assert "CPUPIN_LOCK_DIR" in claim.reason and "not world-writable" in claim.reason
+
+
+@needs_root
+def test_a_lock_file_of_another_user_in_a_group_shared_dir_is_trusted():
+    shared = owned_dir(0o2770)
+    try:
+        path = lock_path(GPU, shared)
+        with open(path, "w"):
+            pass
+        os.chown(path, NOBODY, -1)
+        with claim_gpus([GPU], shared) as claim:
+            assert claim, claim.reason
+    finally:
+        shutil.rmtree(shared)
+
+
+@needs_root
+def test_a_lock_dir_owned_by_another_user_is_refused():
+    theirs = owned_dir(0o755, uid=NOBODY)
+    try:
+        claim = claim_gpus([GPU], theirs)
+        assert not claim and f"owned by uid {NOBODY}" in claim.reason
+        assert not os.path.exists(lock_path(GPU, theirs))  # nothing created there
+    finally:
+        shutil.rmtree(theirs)
+
+
+def test_a_world_writable_dir_without_the_sticky_bit_is_refused(tmp_path):
+    os.chmod(tmp_path, 0o777)
+    claim = claim_gpus([GPU], tmp_path)
+    assert not claim and "sticky bit" in claim.reason and str(tmp_path) in claim.reason
+    assert not os.path.exists(lock_path(GPU, tmp_path))
+
+
+def test_this_users_own_lock_in_a_sticky_world_writable_dir_is_fine(public_dir):
+    with claim_gpus([GPU], public_dir) as claim:
+        assert claim, claim.reason
+        assert os.stat(lock_path(GPU, public_dir)).st_uid == os.geteuid()

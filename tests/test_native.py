@@ -6,6 +6,7 @@ import resource
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -183,11 +184,18 @@ def test_set_affinity_refuses_a_bad_tid():
 
 
 def gone_tid():
+    """The tid of a thread that has exited. join() returns once the thread's
+    Python state is done, a moment before the kernel task ends: wait for the
+    task to go from /proc too."""
     box = []
     t = threading.Thread(target=lambda: box.append(threading.get_native_id()))
     t.start()
     t.join()
-    return box[0]
+    for _ in range(100000):
+        if not os.path.exists(f"/proc/self/task/{box[0]}"):
+            return box[0]
+        time.sleep(0.0001)
+    raise AssertionError(f"thread {box[0]} never left /proc/self/task")
 
 
 def test_affinity_of_a_gone_thread_is_processlookuperror_naming_it():
