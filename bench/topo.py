@@ -23,8 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _env import describe, fmt_ns, paired  # noqa: E402
 
+from cpupin import _sysfs, cli  # noqa: E402
+from cpupin.cpulist import parse_cpulist  # noqa: E402
 from cpupin.cpuplan import CpuPlan  # noqa: E402
-from cpupin.hosts import _built, host_named  # noqa: E402
+from cpupin.hosts import (  # noqa: E402
+    HostSpec,  # noqa: E402
+    _built,
+    host_named,
+)
 from cpupin.topology import read_host  # noqa: E402
 
 
@@ -71,8 +77,43 @@ def main() -> None:
         )
     except ImportError:
         pass
+
+    def walked() -> object:
+        _sysfs._openat2 = False
+        try:
+            return read_host(root)
+        finally:
+            _sysfs._openat2 = True
+
+    times.update(
+        paired({f"read_host({args.host} tree), the walk (no openat2)": walked}, 20, args.rounds)
+    )
+    ranges = ",".join(["0-65535"] * 8000)
+    times.update(
+        paired({"parse_cpulist(8,000 x '0-65535')": lambda: parse_cpulist(ranges)}, 1, args.rounds)
+    )
     for what, ns in times.items():
         print(f"| `{what}` | {fmt_ns(ns)} |")
+    huge_host = HostSpec(
+        "huge", sockets=1024, nodes_per_socket=2, cores_per_node=16, threads=2
+    ).to_host()
+    cli._load_host = lambda a: (huge_host, "huge", huge_host.cpus)  # type: ignore[assignment]
+    out = open(os.devnull, "w")
+    for argv in (["topo"], ["plan", "--gpu", "0000:01:00.0", "--setting", "auto"]):
+        for flag in ([], ["--json"]):
+            samples = []
+            for _ in range(max(3, args.rounds // 5)):
+                stdout, sys.stdout = sys.stdout, out
+                start = time.perf_counter_ns()
+                try:
+                    cli.main(argv + flag)
+                finally:
+                    sys.stdout = stdout
+                samples.append(time.perf_counter_ns() - start)
+            label = " ".join(["cpupin", *argv, *flag])
+            print(
+                f"| `{label}` on 65,536 CPUs, 2,048 nodes | {fmt_ns(statistics.median(samples))} |"
+            )
     lstopo = shutil.which("lstopo-no-graphics")
     if lstopo:
         env = {**os.environ, "HWLOC_FSROOT": root, "HWLOC_COMPONENTS": "-x86"}

@@ -226,10 +226,10 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         f"CPUs   {len(host.cpus)} online ({format_cpulist(host.cpus)}), {len(host.cores)} "
         f"cores, {smt} ({'/'.join(map(str, sorted(threads)))} thread(s) a core)"
     )
-    cores_of = _cores_by_node(host)
+    heads = frozenset(_heads(host))
     for node in host.nodes:
         gpus = [g.address for g in host.gpus if g.node == node.id]
-        cores = len(cores_of.get(node.id, ()))
+        cores = len(node.cpus & heads)
         cpus = f"CPUs {format_cpulist(node.cpus)} ({cores} cores)" if node.cpus else "no CPUs"
         print(f"node {node.id:<3} {cpus}" + (f"; GPUs {' '.join(gpus)}" if gpus else ""))
     for g in host.gpus:
@@ -266,14 +266,11 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cores_by_node(host: Host) -> dict[int | None, list[Core]]:
-    """The host's cores grouped by the node of their first CPU, in one pass
-    (a 65,536-CPU host has 2,048 nodes: no scan of every core a node)."""
-    node_of = {cpu: node.id for node in host.nodes for cpu in node.cpus}
-    groups: dict[int | None, list[Core]] = {}
-    for core in host.cores:
-        groups.setdefault(node_of.get(core.cpus[0]), []).append(core)
-    return groups
+def _heads(host: Host) -> dict[int, Core]:
+    """Each core by its first CPU: with ``node.cpus & heads.keys()`` (a set
+    operation in C) a node's cores are found without a Python loop over every
+    core for every node (a 65,536-CPU host has 2,048 nodes)."""
+    return {core.cpus[0]: core for core in host.cores}
 
 
 def _tag(kind: str):  # type: ignore[no-untyped-def]
@@ -354,19 +351,42 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         "cores of each node (A: a server's step core, a: its result CPU, .: free, "
         "' ': outside the mask)"
     )
-    cores_of = _cores_by_node(host)
+    # One line a node, with no Python loop over the cores of a node that is
+    # wholly free (a 65,536-CPU host has 2,048 nodes).
+    heads = _heads(host)
+    head_cpus = frozenset(heads)
+    owned = frozenset(owner)
+    gpus_of: dict[int | None, list[str]] = {}
+    for g in host.gpus:
+        gpus_of.setdefault(g.node, []).append(g.address)
+    free_rows: dict[int, str] = {}
+    lines = []
     for node in host.cpu_nodes:
-        cells = []
-        for core in cores_of.get(node.id, ()):
-            marks = [owner.get(cpu) for cpu in core.cpus if cpu in allowed]
-            if not any(cpu in allowed for cpu in core.cpus):
-                cells.append(" ")
-            else:
-                cells.append(next((m for m in marks if m), "."))
-        groups = " ".join("".join(cells[i : i + 8]) for i in range(0, len(cells), 8))
-        gpus = " ".join(g.address for g in host.gpus if g.node == node.id)
-        print(f"  node {node.id:<3} {groups}" + (f"  GPUs {gpus}" if gpus else ""))
+        firsts = node.cpus & head_cpus
+        if node.cpus <= allowed and not node.cpus & owned:
+            row = free_rows.get(len(firsts))
+            if row is None:
+                row = free_rows[len(firsts)] = _grouped("." * len(firsts))
+        else:
+            cells = []
+            for first in sorted(firsts):
+                cell = " "  # outside the mask, unless a CPU of it is allowed
+                for cpu in heads[first].cpus:
+                    if cpu in allowed:
+                        cell = owner.get(cpu) or "."
+                        if cell != ".":
+                            break
+                cells.append(cell)
+            row = _grouped("".join(cells))
+        gpus = gpus_of.get(node.id)
+        lines.append(f"  node {node.id:<3} {row}" + (f"  GPUs {' '.join(gpus)}" if gpus else ""))
+    print("\n".join(lines))
     return 0
+
+
+def _grouped(row: str) -> str:
+    """A node's row of core marks in groups of eight."""
+    return " ".join(row[i : i + 8] for i in range(0, len(row), 8))
 
 
 def _device(kind: str, text: str, host: Host) -> str:

@@ -125,15 +125,22 @@ def format_cpulist(cpus: Iterable[int]) -> str:
 
     Raises :class:`ValueError` for a negative number or a bool.
     """
-    ordered = sorted(set(_checked(cpus)))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
+    if type(cpus) is frozenset and set(map(type, cpus)) <= {int}:
+        ordered = sorted(cpus)  # a set of plain ints: only the sign to check
+        if ordered and ordered[0] < 0:
+            as_cpu(ordered[0])
+    else:
+        ordered = sorted(set(_checked(cpus)))
+    if not ordered:
+        return ""
+    # Where a run breaks, found in one comprehension; then one part a run.
+    ends = [i for i in range(1, len(ordered)) if ordered[i] != ordered[i - 1] + 1]
+    parts = []
+    start = 0
+    for end in (*ends, len(ordered)):
+        first, last = ordered[start], ordered[end - 1]
+        parts.append(str(first) if first == last else f"{first}-{last}")
+        start = end
     return ",".join(parts)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from . import _native
 from .cpulist import format_cpulist, parse_cpulist
+from .errors import excerpt
 
 log = logging.getLogger("cpupin")
 
@@ -49,7 +50,7 @@ def _inherit() -> frozenset[int] | None:
         cpus = parse_cpulist(text)
         _native.set_affinity(cpus, os.getpid())
     except (ValueError, OSError) as exc:
-        log.warning("cpupin: %s=%r not used: %s", ENV_PROCESS_CPUS, text, exc)
+        log.warning("cpupin: %s=%s not used: %s", ENV_PROCESS_CPUS, excerpt(text), exc)
         return None
     return cpus
 

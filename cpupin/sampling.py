@@ -21,6 +21,9 @@ from .process import ENV_PROCESS_CPUS, process_cpus, start_time
 __all__ = ["Sampler", "ThreadSample", "process_mask_of", "sample_threads"]
 
 
+_ENVIRON_LIMIT = 4 << 20
+
+
 @dataclass(frozen=True)
 class ThreadSample:
     """One thread over one interval."""
@@ -53,7 +56,9 @@ def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[in
     the widest mask among its threads; and where it came from."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
+            # Bounded: an environment is at most a quarter of the stack limit
+            # (2 MiB by default); past this the variable counts as unset.
+            for item in f.read(_ENVIRON_LIMIT).split(b"\0"):
                 if item.startswith(ENV_PROCESS_CPUS.encode() + b"="):
                     text = item.split(b"=", 1)[1].decode("ascii", "replace")
                     return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
