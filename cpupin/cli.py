@@ -158,6 +158,12 @@ def _load_host(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         if not os.path.isdir(args.root):
             raise ValueError(f"--root {excerpt(args.root)} is not a directory")
         host = read_host(args.root)
+        if not host.cpus:
+            raise ValueError(
+                f"--root {excerpt(args.root)} lists no online CPU under "
+                "sys/devices/system/cpu: give the root of a sysfs and procfs capture "
+                "(the folder that holds sys/ and proc/)"
+            )
         return host, f"the tree under {host.root}", host.default_mask()
     host = read_host("/")
     return host, "this machine", process_cpus() & host.cpus

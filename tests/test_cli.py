@@ -63,6 +63,13 @@ def test_topo_reads_a_root(tmp_path, capsys):
         (["topo", "--host", "dgx-a100"], "no shipped host 'dgx-a100'"),
         (["topo", "--root", "/no/such/dir"], "'/no/such/dir' is not a directory"),
         (["threads", "999999999"], "pid 999999999"),
+        (["topo", "--root", "/proc"], "lists no online CPU"),
+        (["topo", "--root", ""], "an empty --root"),
+        (["doctor", "--host", ""], "no shipped host ''"),
+        (["plan", "--host", "dgx-h100", "--mask", "5000"], "names no online CPU"),
+        (["handoff", "--plot", "x.png"], "add --matrix"),
+        (["top", "1", "--interval", "inf"], "'inf' is not a number of seconds"),
+        (["top", "1", "--count", "1_0"], "'1_0' is not a whole number"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(args, says):
