@@ -21,6 +21,7 @@ from ._native import (
     set_affinity,
     thread_stats,
 )
+from .binding import Binding, bind_process
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from .cpuplan import CpuPlan
 from .errors import PlanError, UnsupportedPlatform
@@ -48,6 +49,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HAVE_AFFINITY",
+    "Binding",
+    "bind_process",
     "Claim",
     "HandoffResult",
     "Core",

@@ -537,6 +537,45 @@ def thread_stats(pid: int | None = None, *, last_cpu: bool = False) -> list[Thre
     ]
 
 
+# --- memory policy ---------------------------------------------------------
+
+#: The kernel's memory policy modes (``linux/mempolicy.h``).
+MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL = 0, 1, 2, 3, 4
+#: Node masks are passed as at most this many 64-bit words (16,384 nodes; the
+#: kernel allows 1,024).
+_NODE_WORDS = 16
+
+
+def set_mempolicy(mode: int, nodes: Iterable[int] = ()) -> int:
+    """Set the calling thread's memory policy: 0, or ``-errno`` (the caller
+    decides what a refusal means; see :mod:`cpupin.binding`)."""
+    wanted = sorted(set(nodes))
+    if wanted and wanted[-1] >= 64 * _NODE_WORDS:
+        return -errno.EINVAL
+    nwords = wanted[-1] // 64 + 1 if wanted else 0
+    words = [0] * max(nwords, 1)
+    for node in wanted:
+        words[node >> 6] |= 1 << (node & 63)
+    return int(lib.cpupin_set_mempolicy(mode, ffi.new(_WORDS, words), nwords))
+
+
+def get_mempolicy() -> tuple[int, frozenset[int]]:
+    """The calling thread's memory policy: (mode, its nodes). Raises
+    ``OSError`` where the kernel refuses (``ENOSYS``: built without NUMA)."""
+    mode = ffi.new("int *")
+    words = ffi.new(_WORDS, _NODE_WORDS)
+    rc = lib.cpupin_get_mempolicy(mode, words, _NODE_WORDS)
+    if rc < 0:
+        raise_oserror(rc, "the memory policy of the calling thread")
+    nodes = []
+    for i, word in enumerate(ffi.unpack(words, _NODE_WORDS)):
+        while word:
+            bit = word & -word
+            nodes.append(64 * i + bit.bit_length() - 1)
+            word ^= bit
+    return int(mode[0]), frozenset(nodes)
+
+
 _UINT = ffi.typeof("unsigned int *")
 
 

@@ -210,6 +210,9 @@ def _cmd_topo(args: argparse.Namespace) -> int:
                 "hypervisor": host.hypervisor,
                 "mask": sorted(plan.mask),
                 "cpuset": sorted(host.cpuset) if host.cpuset is not None else None,
+                "memory_nodes": (
+                    sorted(host.memory_nodes) if host.memory_nodes is not None else None
+                ),
                 "quota": (
                     {
                         "quota_us": host.quota.quota_us,
@@ -237,6 +240,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         gpus = [g.address for g in host.gpus if g.node == node.id]
         cores = len(node.cpus & heads)
         cpus = f"CPUs {format_cpulist(node.cpus)} ({cores} cores)" if node.cpus else "no CPUs"
+        if host.memory_nodes is not None:
+            cpus += ", memory" if node.id in host.memory_nodes else ", no memory"
         print(f"node {node.id:<3} {cpus}" + (f"; GPUs {' '.join(gpus)}" if gpus else ""))
     for g in host.gpus:
         local = format_cpulist(g.local_cpus) if g.local_cpus is not None else "unknown"
@@ -736,8 +741,20 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         handoffs = measure_host(local, process_cpus() & local.cpus)
         measured_on = "this machine" if here else f"this machine, not {args.host or args.root}"
     diagnosis = diagnose(host, handoffs, measured_on)
+    memory_ok: bool | None = None
+    memory_why = "binding not checked (not this machine)"
+    if here:
+        from .binding import memory_binding_check
+
+        memory_ok, memory_why = memory_binding_check()
     if args.json:
-        _print_json({"host": title, **diagnosis.as_dict()})
+        _print_json(
+            {
+                "host": title,
+                **diagnosis.as_dict(),
+                "memory_binding": {"possible": memory_ok, "why": memory_why},
+            }
+        )
         return 0
     deepest = diagnosis.deepest_idle_state
     print(f"cpupin doctor: {title}")
@@ -756,6 +773,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     )
     quota = f"{host.quota.cpus} CPU(s)" if host.quota else "none"
     print(f"mask     {format_cpulist(mask)}; cgroup quota {quota}")
+    if memory_ok is None:
+        print(f"memory   {memory_why}")
+    else:
+        print(f"memory   binding {'possible' if memory_ok else 'not possible'}: {memory_why}")
     if diagnosis.handoff:
         print(f"handoff  one way, median (p99), measured on {measured_on}:")
         for kind, r in diagnosis.handoff.items():
@@ -776,6 +797,95 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     print(f"verdict  {diagnosis.verdict}: {action}")
     print(f"why      {diagnosis.why}")
     return 0
+
+
+def _local_rank() -> int:
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        text = os.environ.get(name)
+        if text is not None:
+            body = text.strip()
+            if not (body.isascii() and body.isdigit() and len(body) <= 6):
+                raise ValueError(f"--local-rank: {name}={excerpt(text)} is not a device index")
+            return int(body)
+    raise ValueError(
+        "--local-rank: neither LOCAL_RANK (torchrun) nor SLURM_LOCALID (Slurm) is set; "
+        "name the GPU with --gpu or --device"
+    )
+
+
+def _cmd_exec(args: argparse.Namespace) -> int:
+    from .binding import bind_process, decide_binding, read_mems_allowed
+    from .cpulist import format_cpulist, parse_cpulist
+    from .process import ENV_PROCESS_CPUS, process_cpus
+    from .server import resolve_devices
+
+    argv = list(args.argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise ValueError("no command to run: cpupin exec --node 0 -- python serve.py")
+    elsewhere = args.root or args.host or args.mask is not None
+    if elsewhere and not args.dry_run:
+        raise ValueError(
+            "--root, --host and --mask describe another host or mask: use them with --dry-run"
+        )
+    device: str | int | None = None
+    if args.gpu is not None:
+        device = args.gpu
+    elif args.device is not None:
+        device = args.device
+    elif args.local_rank:
+        device = _local_rank()
+    if args.dry_run:
+        host, _, mask = _load_host(args)
+        if args.mask is not None:
+            try:
+                mask = parse_cpulist(args.mask) & host.cpus
+            except ValueError as exc:
+                raise ValueError(f"--mask: {exc}") from None
+            if not mask:
+                raise ValueError(f"--mask {excerpt(args.mask)} names no online CPU of the host")
+        address = None if device is None else resolve_devices([device], host)[0]
+        binding = decide_binding(
+            host,
+            mask,
+            device=address,
+            node=args.node,
+            cpus=args.cpus,
+            memory=args.memory,
+            mems_allowed=None if elsewhere else read_mems_allowed("/"),
+        )
+        if args.json:
+            _print_json({**binding.as_dict(), "argv": argv})
+            return 0
+        print(f"device {binding.device or '-'}, node {_or_none(binding.node)}")
+        print(f"cpus   {format_cpulist(binding.cpus)} ({len(binding.cpus)} CPUs)")
+        memory = (
+            f"{binding.memory_policy} on node {format_cpulist(binding.memory_nodes)}"
+            if binding.memory_policy != "none"
+            else "no policy"
+        )
+        print(f"memory {memory}")
+        if binding.reason:
+            print(f"reason {binding.reason}")
+        print(f"argv   {' '.join(argv)}  (a dry run: nothing applied, nothing run)")
+        return 0
+    binding = bind_process(device, node=args.node, cpus=args.cpus, memory=args.memory)
+    if binding.reason:
+        print(f"cpupin exec: {binding.reason}", file=sys.stderr)
+    env = {**os.environ, ENV_PROCESS_CPUS: format_cpulist(process_cpus())}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        print(f"cpupin exec: {excerpt(argv[0])}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    return 0  # not reached: exec replaced this process
+
+
+def _or_none(value: object) -> str:
+    return "none" if value is None else str(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -885,6 +995,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hand.add_argument("--json", action="store_true", help="print JSON")
     hand.set_defaults(handler=_cmd_handoff)
+
+    run = sub.add_parser(
+        "exec",
+        help="run a command bound to a GPU's NUMA node: its CPUs within the mask, its memory",
+        description="Bind to a GPU's NUMA node (CPUs within the process mask, memory policy "
+        "where the kernel allows), set CPUPIN_PROCESS_CPUS, and exec the command: "
+        "numactl --cpunodebind=N --preferred=N chosen from the GPU, respecting the launcher's "
+        "CPU set. Exits 127 when the command is not found, 126 when it cannot run.",
+    )
+    target = run.add_mutually_exclusive_group(required=True)
+    target.add_argument("--gpu", metavar="ADDR", help="the GPU's PCI address")
+    target.add_argument(
+        "--device",
+        type=_whole("--device", 0, 65535),
+        metavar="I",
+        help="a CUDA device index, through CUDA_VISIBLE_DEVICES, in PCI order",
+    )
+    target.add_argument(
+        "--local-rank",
+        action="store_true",
+        help="the device index from LOCAL_RANK (torchrun), else SLURM_LOCALID",
+    )
+    target.add_argument("--node", type=_whole("--node", 0, 65535), metavar="N", help="node N")
+    run.add_argument("--cpus", choices=("node", "keep"), default="node", help="node (default)")
+    run.add_argument(
+        "--memory",
+        choices=("preferred", "bind", "none"),
+        default="preferred",
+        help="the memory policy (preferred: the default)",
+    )
+    run.add_argument("--dry-run", action="store_true", help="print the binding; run nothing")
+    run.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+    _host_arg(run)
+    run.add_argument("--mask", metavar="CPULIST", help="with --dry-run: the process mask")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    run.set_defaults(handler=_cmd_exec)
 
     doctor = sub.add_parser("doctor", help="whether pinning pays on this host, and why")
     _host_arg(doctor)

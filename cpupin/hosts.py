@@ -178,6 +178,7 @@ class HostSpec:
             smt=self.threads > 1,
             cpuset=online if self.cpuset is None else None,
             hypervisor=self.hypervisor,
+            memory_nodes=frozenset(nodes) if self.numa else None,
         )
 
 
@@ -262,6 +263,7 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
         _write(root, "sys/devices/system/node/possible", format_cpulist(nodes) + "\n")
         with_cpus = [n for n, cpus in nodes.items() if cpus]
         _write(root, "sys/devices/system/node/has_cpu", format_cpulist(with_cpus) + "\n")
+        _write(root, "sys/devices/system/node/has_memory", format_cpulist(nodes) + "\n")
     for gpu in spec.gpus:
         base = _pci_device(root, gpu.address)
         _write(root, f"{base}/class", f"{gpu.class_code:#08x}\n")

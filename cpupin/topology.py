@@ -117,6 +117,9 @@ class Host:
     quota: Quota | None = None
     """The strictest CPU quota of the process's cgroup and its ancestors."""
     hypervisor: bool = False
+    memory_nodes: frozenset[int] | None = None
+    """The nodes with memory (``has_memory``), CPU-less GPU memory nodes
+    included; ``None`` when sysfs does not say."""
     reasons: tuple[str, ...] = ()
     """What could not be read, and what was assumed instead."""
 
@@ -424,5 +427,6 @@ def _read(
         cpuset=cpuset,
         quota=quota,
         hypervisor=_hypervisor(r),
+        memory_nodes=r.cpus(f"{_NODE}/has_memory"),
         reasons=tuple(r.reasons),
     )

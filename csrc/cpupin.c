@@ -180,6 +180,44 @@ int cpupin_schedstat(int pid, int tid, unsigned long long *out3)
     return parse_schedstat(buf, out3);
 }
 
+/* --- memory policy -------------------------------------------------------- */
+
+/* set_mempolicy(2) and get_mempolicy(2) through syscall, without libnuma.
+ * Node masks cross as 64-bit words like CPU sets; maxnode is the number of
+ * bits plus one, the kernel's historical convention (libnuma does the same). */
+int cpupin_set_mempolicy(int mode, const uint64_t *nodes, int nwords)
+{
+    unsigned long stack[STACK_WORDS * 64 / WORD_BITS];
+    unsigned long *mask = NULL;
+    unsigned long maxnode = 0;
+    long rc;
+
+    if (nwords < 0 || nwords > STACK_WORDS)
+        return -EINVAL;
+    if (nwords > 0) {
+        from_words(nodes, nwords, stack);
+        mask = stack;
+        maxnode = (unsigned long)nwords * 64 + 1;
+    }
+    rc = syscall(SYS_set_mempolicy, mode, mask, maxnode);
+    return rc == 0 ? 0 : -errno;
+}
+
+int cpupin_get_mempolicy(int *mode, uint64_t *nodes, int nwords)
+{
+    unsigned long stack[STACK_WORDS * 64 / WORD_BITS];
+    long rc;
+
+    if (nwords <= 0 || nwords > STACK_WORDS)
+        return -EINVAL;
+    memset(stack, 0, sizeof stack);
+    rc = syscall(SYS_get_mempolicy, mode, stack, (unsigned long)nwords * 64 + 1, NULL, 0UL);
+    if (rc != 0)
+        return -errno;
+    to_words(stack, nwords, nodes);
+    return 0;
+}
+
 /* --- files under a root --------------------------------------------------- */
 
 #ifndef SYS_openat2
@@ -725,6 +763,8 @@ int cpupin_open_in_root(int rootfd, const char *path, int want_dir, unsigned int
 {
     return -ENOSYS;
 }
+int cpupin_set_mempolicy(int mode, const uint64_t *nodes, int nwords) { return -ENOSYS; }
+int cpupin_get_mempolicy(int *mode, uint64_t *nodes, int nwords) { return -ENOSYS; }
 cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err)
 {
     *err = -ENOSYS;

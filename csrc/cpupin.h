@@ -24,6 +24,12 @@ int cpupin_mask_is(const uint64_t *want);
 /* One task's /proc/<pid>/task/<tid>/schedstat; tid 0 is the calling thread. */
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3);
 
+/* The calling thread's memory policy (set_mempolicy/get_mempolicy): mode
+ * and a node mask of nwords 64-bit words (node i in word i/64, at most 256
+ * words; 0 words: no mask). Return 0 or -errno. */
+int cpupin_set_mempolicy(int mode, const uint64_t *nodes, int nwords);
+int cpupin_get_mempolicy(int *mode, uint64_t *nodes, int nwords);
+
 /* path opened as if rootfd were "/" (openat2 RESOLVE_IN_ROOT, no magic
  * links), for reading, only when it is a regular file (want_dir 0) or a
  * directory (1). Returns the fd, -EMEDIUMTYPE for another type (*mode holds

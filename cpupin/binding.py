@@ -1,0 +1,366 @@
+"""Binding a worker process to its GPU's NUMA node: its CPUs and its memory.
+
+A worker runs best on the CPUs of its GPU's node, with its memory there. The
+usual tools for it (``numactl --cpunodebind=N --preferred=N`` wrapped around
+each worker) override a CPU set that Kubernetes, Slurm or docker already
+narrowed, bind nothing where the image lacks ``numactl``, and kill the worker
+or bind nothing without a word where the container may not set a memory
+policy. Here:
+
+- :func:`decide_binding` is pure: the binding is a function of the host, the
+  process mask, the target (a GPU or a node), the modes and the nodes the
+  process may allocate on (``Mems_allowed``). CPUs are the process mask
+  within the node, never outside the mask and never empty; memory goes only
+  to a node that has memory and that the process may use.
+- :func:`bind_process` reads, decides and applies, in that order: the CPU
+  mask of every thread of the process first (and :func:`~cpupin.process_cpus`
+  becomes it, so that :class:`~cpupin.Thread` and :class:`~cpupin.ThreadPool`
+  start there), then the memory policy of the calling thread. A CPU move that
+  fails is undone and raises before any memory policy is set; a memory policy
+  the kernel refuses (``EPERM`` without ``CAP_SYS_NICE`` under docker's
+  seccomp profile, ``ENOSYS`` without NUMA, ``EINVAL``) leaves the CPUs
+  bound, sets no policy, and says why in :attr:`Binding.reason`, with a
+  warning logged once: never an exception, unless ``strict=True`` and
+  ``memory="bind"``.
+
+A memory policy belongs to a thread and is inherited by the threads it starts
+later; threads already running keep theirs. So bind first thing in the worker,
+before any pool starts: the reason says when other threads already existed.
+
+Grace Hopper and GB200 hosts show GPU memory as extra NUMA nodes without
+CPUs, while the GPU's PCI ``numa_node`` names its CPU node: the binding uses
+the CPU node, and never binds memory to a node without CPUs. A GPU without a
+node (``numa_node`` -1 on a host of several nodes) binds nothing, unless its
+``local_cpus`` lie within one node, which is then its node.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from . import _native
+from ._sysfs import Reader
+from .cpulist import format_cpulist, parse_cpulist
+from .errors import PlanError, excerpt
+from .process import process_cpus, set_process_cpus
+from .server import resolve_devices
+from .topology import Host, read_host
+
+__all__ = [
+    "Binding",
+    "bind_process",
+    "decide_binding",
+    "gpu_node",
+    "memory_binding_check",
+    "read_mems_allowed",
+]
+
+log = logging.getLogger("cpupin")
+
+CpuMode = Literal["node", "keep"]
+MemoryMode = Literal["preferred", "bind", "none"]
+CPU_MODES: tuple[str, ...] = ("node", "keep")
+MEMORY_MODES: tuple[str, ...] = ("preferred", "bind", "none")
+_MPOL = {"preferred": _native.MPOL_PREFERRED, "bind": _native.MPOL_BIND}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where a worker process runs and allocates: what was asked, as applied.
+
+    :attr:`reason` is empty when everything asked for was applied, and says
+    what was not, and why, otherwise.
+    """
+
+    device: str | None
+    """The GPU's PCI address, when the target was a GPU."""
+    node: int | None
+    """The node bound to; ``None`` when there was none to bind to."""
+    cpus: frozenset[int]
+    """The process mask after the binding (never empty)."""
+    memory_policy: str
+    """``"preferred"``, ``"bind"`` or ``"none"``: what is in force."""
+    memory_nodes: frozenset[int]
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "device": self.device,
+            "node": self.node,
+            "cpus": sorted(self.cpus),
+            "memory": {"policy": self.memory_policy, "nodes": sorted(self.memory_nodes)},
+            "reason": self.reason,
+        }
+
+
+def gpu_node(host: Host, address: str) -> tuple[int | None, str]:
+    """The CPU node of a GPU, and a note on how it was found (empty when its
+    ``numa_node`` said so). :class:`PlanError` for a GPU the host lacks."""
+    gpu = next((g for g in host.gpus if g.address == address), None)
+    if gpu is None:
+        known = ", ".join(g.address for g in host.gpus) or "none"
+        raise PlanError(f"GPU {address} is not a GPU of this host (its GPUs: {known})")
+    cpu_nodes = {n.id: n.cpus for n in host.nodes if n.cpus}
+    if gpu.node is not None and gpu.node in cpu_nodes:
+        return gpu.node, ""
+    if gpu.node is not None:
+        return None, (f"GPU {address} names node {gpu.node}, which has no CPUs: nothing to bind to")
+    if gpu.local_cpus:
+        homes = [nid for nid, cpus in cpu_nodes.items() if gpu.local_cpus <= cpus]
+        if len(homes) == 1:
+            return homes[0], (
+                f"GPU {address} has no numa_node; its local CPUs lie in node {homes[0]}"
+            )
+    return None, (
+        f"GPU {address} has no NUMA node (numa_node -1) and its local CPUs span nodes: "
+        "nothing to bind to; name a node with node="
+    )
+
+
+def decide_binding(
+    host: Host,
+    mask: frozenset[int],
+    *,
+    device: str | None = None,
+    node: int | None = None,
+    cpus: str = "node",
+    memory: str = "preferred",
+    mems_allowed: frozenset[int] | None = None,
+) -> Binding:
+    """The binding of a process with ``mask`` on ``host``: pure, no I/O.
+
+    ``device`` is a canonical PCI address of one of the host's GPUs, or
+    ``node`` a node id; exactly one. ``mems_allowed`` is the set of nodes the
+    process may allocate on (``None``: unknown, every node).
+    """
+    _check_modes(cpus, memory)
+    if (device is None) == (node is None):
+        raise ValueError("name exactly one of device and node")
+    if not mask:
+        raise PlanError("an empty process mask: nothing to bind")
+    reasons = []
+    if device is not None:
+        target, note = gpu_node(host, device)
+        if note:
+            reasons.append(note)
+    else:
+        assert node is not None
+        ids = {n.id for n in host.nodes}
+        if node not in ids:
+            raise PlanError(
+                f"node {node} is not a node of this host (its nodes: "
+                f"{format_cpulist(ids) or 'none'})"
+            )
+        target = node
+        if not next(n.cpus for n in host.nodes if n.id == node):
+            reasons.append(
+                f"node {node} has no CPUs (memory only, such as a GPU's): nothing to bind to; "
+                "name a node with CPUs"
+            )
+            target = None
+    new = mask
+    if cpus == "node" and target is not None:
+        node_cpus = next(n.cpus for n in host.nodes if n.id == target)
+        new = mask & node_cpus
+        if not new:
+            new = mask
+            reasons.append(
+                f"node {target}'s CPUs {format_cpulist(node_cpus)} are all outside the "
+                f"process mask {format_cpulist(mask)}: the mask is kept"
+            )
+    policy, nodes = "none", frozenset[int]()
+    if memory != "none" and target is not None:
+        if host.memory_nodes is not None and target not in host.memory_nodes:
+            reasons.append(f"node {target} has no memory: no memory policy")
+        elif mems_allowed is not None and target not in mems_allowed:
+            reasons.append(
+                f"node {target} is not among the nodes this process may allocate on "
+                f"(Mems_allowed {format_cpulist(mems_allowed) or 'none'}): no memory policy"
+            )
+        else:
+            policy, nodes = memory, frozenset({target})
+    return Binding(device, target, new, policy, nodes, "; ".join(reasons))
+
+
+def _check_modes(cpus: object, memory: object) -> None:
+    if cpus not in CPU_MODES:
+        raise ValueError(f"cpus={excerpt(cpus)}: use 'node' or 'keep'")
+    if memory not in MEMORY_MODES:
+        raise ValueError(f"memory={excerpt(memory)}: use 'preferred', 'bind' or 'none'")
+
+
+def read_mems_allowed(root: str = "/") -> frozenset[int] | None:
+    """The nodes the process may allocate on (``Mems_allowed_list`` of
+    ``proc/self/status`` under ``root``); ``None`` when it does not say."""
+    with Reader(root) as r:
+        text = r.text("proc/self/status")
+    for line in (text or "").splitlines():
+        if line.startswith("Mems_allowed_list:"):
+            try:
+                return parse_cpulist(line.split(":", 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
+# The one door to the kernel's memory policy, so that a test can make the
+# kernel refuse it (a seccomp filter, a container without CAP_SYS_NICE).
+_set_mempolicy = _native.set_mempolicy
+
+# Errnos already warned about: the warning is logged once each.
+_warned: set[int] = set()
+_warned_lock = threading.Lock()
+
+
+def _refusal(err: int, policy: str, node: int) -> str:
+    if err == errno.EPERM:
+        return (
+            f"the kernel refused the {policy} memory policy on node {node} (EPERM): a "
+            "container needs CAP_SYS_NICE for it (docker run --cap-add SYS_NICE), or pass "
+            "memory='none' (--memory none) to bind CPUs only"
+        )
+    if err == errno.ENOSYS:
+        return (
+            f"this kernel has no NUMA memory policy (ENOSYS), so no {policy} policy on node "
+            f"{node}: pass memory='none' (--memory none)"
+        )
+    return (
+        f"the kernel refused the {policy} memory policy on node {node} "
+        f"({errno.errorcode.get(err, err)}: {os.strerror(err)}): no memory policy"
+    )
+
+
+def bind_process(
+    device: str | int | None = None,
+    *,
+    node: int | None = None,
+    cpus: str = "node",
+    memory: str = "preferred",
+    root: str | os.PathLike[str] = "/",
+    environ: Mapping[str, str] | None = None,
+    strict: bool = False,
+) -> Binding:
+    """Bind this process to a GPU's NUMA node (or to ``node``): call it first
+    thing in a worker, before it allocates and before any thread starts.
+
+    ``device`` is a PCI address or a CUDA device index, resolved as
+    :func:`~cpupin.plan_server` does (through ``CUDA_VISIBLE_DEVICES`` in
+    ``environ``, onto the host's GPUs in PCI order); exactly one of
+    ``device`` and ``node``. ``cpus="node"`` moves every thread of the
+    process to the process mask within the node and makes that the process
+    mask; ``"keep"`` moves nothing. ``memory`` sets the calling thread's
+    policy (inherited by the threads it starts): ``"preferred"``
+    (``MPOL_PREFERRED``), ``"bind"`` (``MPOL_BIND``) or ``"none"``.
+
+    Raises :class:`PlanError` for a device or node the host lacks, and
+    ``OSError`` when a thread cannot be moved (the moves made are undone,
+    and no memory policy is set). A memory policy the kernel refuses is a
+    reason, not an exception, unless ``strict`` and ``memory="bind"``.
+    """
+    _check_modes(cpus, memory)
+    if (device is None) == (node is None):
+        raise ValueError("bind_process: name exactly one of device and node")
+    if node is not None and (isinstance(node, bool) or not isinstance(node, int) or node < 0):
+        raise ValueError(f"node {excerpt(node)} is not a node id: give a whole number from 0")
+    host = read_host(root)
+    mask = process_cpus() & host.cpus
+    if not mask:
+        raise PlanError(
+            f"the process mask {format_cpulist(process_cpus())} holds no online CPU of the "
+            f"host under {host.root}"
+        )
+    address = None
+    if device is not None:
+        (address,) = resolve_devices([device], host, environ)
+    decided = decide_binding(
+        host,
+        mask,
+        device=address,
+        node=node,
+        cpus=cpus,
+        memory=memory,
+        mems_allowed=read_mems_allowed(os.fspath(root)),
+    )
+    if cpus == "node" and decided.cpus != process_cpus():
+        _move_every_thread(decided.cpus)
+        set_process_cpus(decided.cpus)
+    return _apply_memory(decided, strict)
+
+
+def _move_every_thread(cpus: frozenset[int]) -> None:
+    """Every thread of this process onto ``cpus``, or none: a move that fails
+    is undone and raised."""
+    moved: list[tuple[int, frozenset[int]]] = []
+    try:
+        for st in _native.thread_stats():
+            try:
+                before = _native.get_affinity(st.tid)
+                _native.set_affinity(cpus, st.tid)
+            except ProcessLookupError:
+                continue  # exited meanwhile
+            moved.append((st.tid, before))
+    except BaseException:
+        for tid, before in moved:
+            try:
+                _native.set_affinity(before, tid)
+            except (OSError, ValueError):
+                pass
+        raise
+
+
+def _apply_memory(decided: Binding, strict: bool) -> Binding:
+    if decided.memory_policy == "none" or decided.node is None:
+        return decided
+    reasons = [decided.reason] if decided.reason else []
+    rc = _set_mempolicy(_MPOL[decided.memory_policy], decided.memory_nodes)
+    if rc < 0:
+        why = _refusal(-rc, decided.memory_policy, decided.node)
+        if strict and decided.memory_policy == "bind":
+            raise OSError(-rc, why)
+        with _warned_lock:
+            first = -rc not in _warned
+            _warned.add(-rc)
+        if first:
+            log.warning("cpupin: %s", why)
+        reasons.append(why)
+        return Binding(
+            decided.device,
+            decided.node,
+            decided.cpus,
+            "none",
+            frozenset(),
+            "; ".join(reasons),
+        )
+    others = len(_native.thread_stats()) - 1
+    if others > 0:
+        reasons.append(
+            f"{others} other thread(s) already running keep their memory policy (a policy "
+            "is per thread): bind before starting threads"
+        )
+    return Binding(
+        decided.device,
+        decided.node,
+        decided.cpus,
+        decided.memory_policy,
+        decided.memory_nodes,
+        "; ".join(reasons),
+    )
+
+
+def memory_binding_check() -> tuple[bool, str]:
+    """Whether this process may set a memory policy, by a harmless round trip:
+    read the calling thread's policy and set the same one again."""
+    try:
+        mode, nodes = _native.get_mempolicy()
+    except OSError as exc:
+        return False, _refusal(exc.errno or errno.ENOSYS, "any", 0).replace(" on node 0", "")
+    rc = _set_mempolicy(mode, nodes)
+    if rc < 0:
+        return False, _refusal(-rc, "any", 0).replace(" on node 0", "")
+    return True, "set_mempolicy works here (the current policy was read and set again)"
