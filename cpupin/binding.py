@@ -287,7 +287,7 @@ def bind_process(
         memory=memory,
         mems_allowed=read_mems_allowed(os.fspath(root)),
     )
-    if cpus == "node" and decided.cpus != process_cpus():
+    if cpus == "node":
         _move_every_thread(decided.cpus)
         set_process_cpus(decided.cpus)
     return _apply_memory(decided, strict)
@@ -301,7 +301,8 @@ def _move_every_thread(cpus: frozenset[int]) -> None:
         for st in _native.thread_stats():
             try:
                 before = _native.get_affinity(st.tid)
-                _native.set_affinity(cpus, st.tid)
+                if before != cpus:
+                    _native.set_affinity(cpus, st.tid)
             except ProcessLookupError:
                 continue  # exited meanwhile
             moved.append((st.tid, before))
