@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -76,3 +78,25 @@ def fmt_ns(ns: float) -> str:
     if ns >= 1e3:
         return f"{ns / 1e3:.2f} µs"
     return f"{ns:.0f} ns"
+
+
+def timed(cmd: list[str], rounds: int, env: dict[str, str] | None = None) -> float:
+    """The median wall time of running ``cmd`` as a process, in ns."""
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter_ns()
+        subprocess.run(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True
+        )
+        samples.append(time.perf_counter_ns() - start)
+    return statistics.median(samples)
+
+
+def start(doc: str) -> argparse.Namespace:
+    """A benchmark's arguments (``--rounds``), after printing the machine."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    print(describe())
+    print()
+    return args

@@ -11,39 +11,22 @@ the decision alone, and, as processes, ``cpupin exec --dry-run`` against
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _env import describe, fmt_ns, paired  # noqa: E402
+from _env import fmt_ns, paired, start, timed  # noqa: E402
 
 from cpupin import process_cpus  # noqa: E402
 from cpupin.binding import bind_process, decide_binding  # noqa: E402
 from cpupin.hosts import _built, host_named  # noqa: E402
 
 
-def timed(cmd: list[str], rounds: int) -> float:
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter_ns()
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        samples.append(time.perf_counter_ns() - start)
-    return statistics.median(samples)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
-    print(describe())
-    print()
+    args = start(__doc__ or "")
     root = _built("dgx-h100")
     host = host_named("dgx-h100")
     gpu = host.gpus[0].address  # node 0, which holds CPUs 0 and 1

@@ -6,14 +6,13 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _env import describe, fmt_ns, paired  # noqa: E402
+from _env import fmt_ns, paired, start  # noqa: E402
 
 from cpupin.hosts import HOSTS, GpuSpec, HostSpec, _built, host_named  # noqa: E402
 from cpupin.placement import place  # noqa: E402
@@ -31,11 +30,7 @@ BIG = HostSpec(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
-    print(describe())
-    print()
+    args = start(__doc__ or "")
     dgx = host_named("dgx-h100")
     big = BIG.to_host()
     dgx_gpu = dgx.gpus[5].address

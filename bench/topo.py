@@ -14,14 +14,13 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _env import describe, fmt_ns, paired  # noqa: E402
+from _env import describe, fmt_ns, paired, timed  # noqa: E402
 
 from cpupin import _sysfs, cli  # noqa: E402
 from cpupin.cpulist import parse_cpulist  # noqa: E402
@@ -32,15 +31,6 @@ from cpupin.hosts import (  # noqa: E402
     host_named,
 )
 from cpupin.topology import read_host  # noqa: E402
-
-
-def timed(cmd: list[str], env: dict[str, str], rounds: int) -> float:
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter_ns()
-        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
-        samples.append(time.perf_counter_ns() - start)
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -117,9 +107,9 @@ def main() -> None:
     lstopo = shutil.which("lstopo-no-graphics")
     if lstopo:
         env = {**os.environ, "HWLOC_FSROOT": root, "HWLOC_COMPONENTS": "-x86"}
-        ns = timed([lstopo, "--of", "xml", "-"], env, args.rounds)
+        ns = timed([lstopo, "--of", "xml", "-"], args.rounds, env)
         print(f"| `HWLOC_FSROOT=tree lstopo-no-graphics --of xml` (a process) | {fmt_ns(ns)} |")
-        ns = timed([sys.executable, "-c", "pass"], dict(os.environ), args.rounds)
+        ns = timed([sys.executable, "-c", "pass"], args.rounds)
         print(f"| `python -c pass` (a process, for scale) | {fmt_ns(ns)} |")
     else:
         print("| lstopo | not installed (apt-get install hwloc) |")

@@ -235,18 +235,16 @@ class Reader:
         return names
 
     def is_dir(self, rel: str) -> bool:
-        fd = self._fd_of(rel, True, quiet=True)
-        if fd is None:
-            return False
-        os.close(fd)
-        return True
+        return self._is(rel, True)
 
     def is_file(self, rel: str) -> bool:
-        fd = self._fd_of(rel, False, quiet=True)
-        if fd is None:
-            return False
-        os.close(fd)
-        return True
+        return self._is(rel, False)
+
+    def _is(self, rel: str, want_dir: bool) -> bool:
+        fd = self._fd_of(rel, want_dir, quiet=True)
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
 
     def cpus(self, rel: str, *, mask: bool = False) -> frozenset[int] | None:
         text = self.text(rel)

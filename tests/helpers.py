@@ -1,6 +1,9 @@
 """Small helpers the tests share: oracles read from /proc in plain Python."""
 
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from contextlib import contextmanager
@@ -79,13 +82,17 @@ def parked_threads(count, name="parked"):
         os.close(write)
 
 
-def in_forked_child(check):
-    """Whether ``check()`` is true in a forked child of this process."""
+def in_forked_child(check, uid=None):
+    """Whether ``check()`` is true in a forked child of this process (which
+    first drops to ``uid``, user and group, when given)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read)
         try:
+            if uid is not None:
+                os.setgid(uid)
+                os.setuid(uid)
             ok = bool(check())
         except BaseException:  # noqa: BLE001 - the child must exit whatever happens
             ok = False
@@ -96,3 +103,18 @@ def in_forked_child(check):
     os.close(read)
     os.waitpid(pid, 0)
     return answer == b"1"
+
+
+def run(cmd, env=None, timeout=120):
+    """A process run to its end: its CompletedProcess, output as text."""
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
+
+
+def run_python(code, env=None):
+    """The output of ``python -c code`` (dedented), which must exit 0;
+    ``env`` adds to this process's environment."""
+    out = run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr
+    return out.stdout

@@ -7,9 +7,7 @@ import glob
 import json
 import logging
 import os
-import subprocess
 import sys
-import textwrap
 from dataclasses import replace
 
 import pytest
@@ -21,6 +19,7 @@ from cpupin.binding import Binding, decide_binding
 from cpupin.cli import main
 from cpupin.hosts import HOSTS, host_named
 
+from .helpers import run, run_python
 from .strategies import host_specs
 from .test_topology_hwloc import needs_captures, unpacked  # noqa: F401 - a fixture
 
@@ -197,16 +196,8 @@ def test_the_captures_are_there_in_ci():
 
 
 def run_child(code, env=None):
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """The last line of a child's output, as JSON."""
+    return json.loads(run_python(code, env).strip().splitlines()[-1])
 
 
 def numa_maps_policies(text):
@@ -320,14 +311,7 @@ def test_bind_process_refuses_a_device_this_host_lacks():
 
 
 def cpupin(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "cpupin", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
+    return run([sys.executable, "-m", "cpupin", *args], env={**os.environ, **(env or {})})
 
 
 def test_exec_binds_the_command_it_runs():
@@ -408,13 +392,7 @@ def test_exec_errors_exit_2_with_a_message(args, says):
     out = cpupin("exec", *args, env={"LOCAL_RANK": "", "SLURM_LOCALID": ""})
     if "LOCAL_RANK" in says:
         env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "SLURM_LOCALID")}
-        out = subprocess.run(
-            [sys.executable, "-m", "cpupin", "exec", *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=env,
-        )
+        out = run([sys.executable, "-m", "cpupin", "exec", *args], env=env)
     assert out.returncode == 2, out
     assert says in out.stderr and "Traceback" not in out.stderr
 
@@ -448,13 +426,8 @@ def test_torchrun_launches_each_rank_through_cpupin_exec():
     # This machine has no GPU: the ranks answer for the DGX H100 (--dry-run
     # --host), then run for real bound to node 0.
     base = [torchrun, "--standalone", "--no-python", "--nproc-per-node", "2", "cpupin", "exec"]
-    out = subprocess.run(
-        [*base, "--local-rank", "--host", "dgx-h100", "--dry-run", "--", "python"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=venv_env(),
+    out = run(
+        [*base, "--local-rank", "--host", "dgx-h100", "--dry-run", "--", "python"], venv_env()
     )
     assert out.returncode == 0, out.stderr
     # Each rank's few lines leave in one write: they never interleave.
@@ -465,14 +438,7 @@ def test_torchrun_launches_each_rank_through_cpupin_exec():
     code = "from cpupin import _native; print(_native.get_mempolicy()[0])"
     # torchrun's own parser would take --node for its --nnodes: through sh.
     real = f'exec cpupin exec --node 0 --memory bind -- {sys.executable} -c "{code}"'
-    out = subprocess.run(
-        [*base[:-2], "sh", "-c", real],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=venv_env(),
-    )
+    out = run([*base[:-2], "sh", "-c", real], venv_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "2"]  # MPOL_BIND in both ranks
 
@@ -513,14 +479,7 @@ def test_spawned_workers_bind_themselves_or_start_bound_through_a_wrapper(tmp_pa
     # The README's wrapper, with --node 0 for --device on this GPU-less machine.
     wrapper.write_text(f'#!/bin/sh\nexec cpupin exec --node 0 -- {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
-    out = subprocess.run(
-        [sys.executable, str(script), str(wrapper)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=venv_env(),
-    )
+    out = run([sys.executable, str(script), str(wrapper)], venv_env())
     assert out.returncode == 0, out.stderr
     (binding_, mode, mask), (wrapped_mode, wrapped_cpus) = json.loads(out.stdout)
     assert binding_["memory"] == {"policy": "bind", "nodes": [0]} and mode == 2

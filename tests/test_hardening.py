@@ -6,7 +6,6 @@ import logging
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import uuid
 
@@ -14,6 +13,8 @@ import pytest
 
 import cpupin
 from cpupin import _native, sampling, threads
+
+from .helpers import run_python
 
 BAD_IDS = [-1, 1 << 22, 2**31, 2**31 + 5, 2**64, 2**64 + 1, 1 << 20000]
 IDS = ["-1", "2^22", "2^31", "2^31+5", "2^64", "2^64+1", "2^20000"]
@@ -43,19 +44,6 @@ def test_a_pid_past_the_kernels_range_is_refused(pid):
         with pytest.raises(ValueError, match="is not a process id") as info:
             call()
         assert len(str(info.value)) < 200
-
-
-def run_python(code, **kwargs):
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        **kwargs,
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout
 
 
 def test_thread_stats_out_of_descriptors_raises_emfile_never_a_short_list():

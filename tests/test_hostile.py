@@ -21,6 +21,8 @@ from cpupin.cpulist import parse_cpulist
 from cpupin.hosts import GpuSpec, HostSpec, build_tree
 from cpupin.topology import read_host
 
+from .helpers import in_forked_child
+
 SENTINEL = "OUTSIDE-THE-ROOT"
 NOBODY = 65534
 
@@ -208,28 +210,6 @@ def test_every_read_file_replaced_by_each_hostile_kind(place, read_files, resolv
                 assert SENTINEL not in out and "9" * 100 not in out
 
 
-def in_child_as_nobody(check):
-    """``check()``'s truth in a forked child that has dropped to nobody."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        ok = b"0"
-        try:
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            ok = b"1" if check() else b"0"
-        except BaseException:  # noqa: BLE001 - the child reports, then exits
-            pass
-        os.write(write, ok)
-        os._exit(0)
-    os.close(write)
-    answer = os.read(read, 1)
-    os.close(read)
-    os.waitpid(pid, 0)
-    return answer == b"1"
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another user needs root")
 def test_an_unreadable_file_is_a_reason_naming_it(place, read_files, resolver):
     tree, outside = place
@@ -243,7 +223,7 @@ def test_an_unreadable_file_is_a_reason_naming_it(place, read_files, resolver):
                 check_sane(host)
                 return any(rel in r and "ermission" in r for r in host.reasons)
 
-            assert in_child_as_nobody(check), rel
+            assert in_forked_child(check, uid=NOBODY), rel
 
 
 @pytest.mark.parametrize(
