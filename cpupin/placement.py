@@ -120,6 +120,16 @@ class Placement:
         """The same server, pinning nothing, for ``reason``."""
         return Placement(self.setting, self.devices, False, reason)
 
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "setting": str(self.setting),
+            "devices": list(self.devices),
+            "pinned": self.pinned,
+            "reason": self.reason,
+            "workers": [{"device": w.device, "cpus": list(w.cpus)} for w in self.workers],
+            "result_cpu": self.result_cpu,
+        }
+
 
 def _canonical(device: str) -> str:
     try:

@@ -2,23 +2,25 @@
 
 :func:`plan_server` reads the host, resolves the device list, places the
 server's threads, claims its GPUs under ``auto``, and returns a
-:class:`ServerPlan`; :func:`child_env` gives the environment for the
-processes the server spawns, so that a server that stands aside makes its
-workers stand aside too.
+:class:`ServerPlan`, whose :meth:`~ServerPlan.child_env` gives the
+environment for the processes the server spawns, so that a server that
+stands aside makes its workers stand aside too. The module-level
+:func:`child_env` passes on the process mask alone.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .cpuplan import CpuPlan
 from .errors import PlanError
 from .lock import Claim, claim_gpus
+from .cpulist import format_cpulist
 from .placement import ENV_SETTING, Placement, parse_setting, place
+from .process import ENV_PROCESS_CPUS, process_cpus
 from .topology import Host, parse_pci_address, read_host
 
 __all__ = ["ServerPlan", "child_env", "plan_server", "resolve_devices"]
@@ -128,8 +130,28 @@ class ServerPlan:
     def pinned(self) -> bool:
         return self.placement.pinned
 
+    @property
+    def stood_aside(self) -> bool:
+        """Whether ``auto`` was asked for and pins nothing (a rule it cannot
+        meet, OpenMP's own affinity, another server holding a GPU)."""
+        return self.placement.setting == "auto" and not self.placement.pinned
 
-_stand_aside = threading.Event()
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment for a process this server spawns: :func:`child_env`
+        of ``base``, with ``CPUPIN_STEP_THREAD_CORE=off`` when this server
+        stood aside, so that the workers of a refused server pin nothing
+        either."""
+        env = child_env(base)
+        if self.stood_aside:
+            env[ENV_SETTING] = "off"
+        return env
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "placement": self.placement.as_dict(),
+            "claim": None if self.claim is None else self.claim.reason,
+            "pool_size": self.cpu_plan.pool_size(),
+        }
 
 
 def plan_server(
@@ -147,11 +169,9 @@ def plan_server(
     ``CPUPIN_STEP_THREAD_CORE``). Raises :class:`PlanError` for a bad setting
     or a CPU number that cannot be honoured. Under ``auto`` anything that
     stops pinning (a rule, OpenMP's own affinity, another server holding a
-    GPU) pins nothing and logs a warning naming it; a server that stands
-    aside makes :func:`child_env` turn its workers' setting off.
+    GPU) pins nothing and logs a warning naming it; the plan's
+    :meth:`ServerPlan.child_env` then turns its workers' setting off.
     """
-    from .process import process_cpus
-
     env = os.environ if environ is None else environ
     value = parse_setting(env.get(ENV_SETTING) if setting is None else setting)
     host = read_host(root)
@@ -174,29 +194,20 @@ def plan_server(
                 placement = placement.unpinned(f"nothing pinned: {claim.reason}")
         if not placement.pinned:
             log.warning("cpupin auto: %s", placement.reason)
-    if value == "auto" and not placement.pinned:
-        _stand_aside.set()
-    else:
-        _stand_aside.clear()
     cpu_plan = CpuPlan.for_host(host, allowed, placement.cpus)
     return ServerPlan(placement, claim, cpu_plan, host)
 
 
 def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for a process this server spawns.
+    """A copy of ``base`` (default ``os.environ``) with this process's mask
+    in ``CPUPIN_PROCESS_CPUS``: a child started from a pinned thread would
+    otherwise take that pin for its whole mask.
 
-    A copy of ``base`` (default ``os.environ``) with the process mask in
-    ``CPUPIN_PROCESS_CPUS`` (a child started from a pinned thread would
-    otherwise take that pin for its whole mask) and
-    ``CPUPIN_STEP_THREAD_CORE=off`` when :func:`plan_server` stood aside, so
-    the workers of a refused server pin nothing either.
+    Only the process mask: a server passes its plan's decision on with
+    :meth:`ServerPlan.child_env`, which also turns the workers' setting off
+    when the server stood aside.
     """
-    from .cpulist import format_cpulist
-    from .process import ENV_PROCESS_CPUS, process_cpus
-
     env = dict(os.environ if base is None else base)
-    if _stand_aside.is_set():
-        env[ENV_SETTING] = "off"
     try:
         env[ENV_PROCESS_CPUS] = format_cpulist(process_cpus())
     except OSError:  # no affinity on this platform

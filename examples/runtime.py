@@ -158,7 +158,7 @@ def run_server(args: argparse.Namespace) -> dict[str, object]:
         file=sys.stderr,
         flush=True,
     )
-    os.environ.update(cpupin.child_env())  # the spawned workers' environment
+    os.environ.update(plan.child_env())  # the spawned workers' environment
     ctx = mp.get_context("spawn")
     conns, procs = [], []
     for i, _ in enumerate(devices):

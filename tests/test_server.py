@@ -25,7 +25,8 @@ def test_off_pins_nothing_and_takes_no_lock(b300_root, tmp_path):
     plan = plan_server("off", [GPU7], root=b300_root, mask=MASK, lock_dir=tmp_path, environ={})
     assert not plan.pinned and plan.claim is None
     assert list(tmp_path.iterdir()) == []
-    assert "CPUPIN_STEP_THREAD_CORE" not in child_env({})
+    assert "CPUPIN_STEP_THREAD_CORE" not in plan.child_env({})
+    assert not plan.stood_aside
 
 
 def test_auto_places_claims_and_sizes_the_pools(b300_root, tmp_path):
@@ -35,7 +36,7 @@ def test_auto_places_claims_and_sizes_the_pools(b300_root, tmp_path):
         assert plan.placement.step_cpus == ((97, 225),) and plan.placement.result_cpu == 102
         assert plan.cpu_plan.pinned == {97, 225, 102}
         assert plan.cpu_plan.pool_size() == 13
-        assert "CPUPIN_STEP_THREAD_CORE" not in child_env({})
+        assert "CPUPIN_STEP_THREAD_CORE" not in plan.child_env({})
     finally:
         plan.claim.close()
 
@@ -43,10 +44,10 @@ def test_auto_places_claims_and_sizes_the_pools(b300_root, tmp_path):
 SECOND_SERVER = """
 import json, logging, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-from cpupin import plan_server, child_env
+from cpupin import plan_server
 p = plan_server("auto", [{gpu!r}], root={root!r}, mask={mask!r}, lock_dir={lock!r}, environ={{}})
 print(json.dumps({{"pinned": p.pinned, "reason": p.placement.reason,
-                  "child": child_env({{}}).get("CPUPIN_STEP_THREAD_CORE")}}))
+                  "child": p.child_env({{}}).get("CPUPIN_STEP_THREAD_CORE")}}))
 """
 
 
@@ -81,7 +82,11 @@ def test_openmp_affinity_makes_auto_pin_nothing(b300_root, tmp_path, var, caplog
         )
     assert not plan.pinned and var in plan.placement.reason and plan.claim is None
     assert var in caplog.text
-    assert child_env({})["CPUPIN_STEP_THREAD_CORE"] == "off"
+    assert plan.stood_aside and plan.child_env({})["CPUPIN_STEP_THREAD_CORE"] == "off"
+    # The module-level child_env passes the process mask alone, whatever the
+    # last plan decided: no hidden state.
+    assert "CPUPIN_STEP_THREAD_CORE" not in child_env({})
+    assert "CPUPIN_PROCESS_CPUS" in child_env({})
 
 
 def test_the_setting_comes_from_the_environment_when_none_is_given(b300_root, tmp_path):
