@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _env import describe, fmt_ns, paired, timed  # noqa: E402
 
 from cpupin import _sysfs, cli  # noqa: E402
+from cpupin.cli import _args as cli_args  # noqa: E402
 from cpupin.cpulist import parse_cpulist  # noqa: E402
 from cpupin.cpuplan import CpuPlan  # noqa: E402
 from cpupin.hosts import (  # noqa: E402
@@ -87,7 +88,7 @@ def main() -> None:
     huge_host = HostSpec(
         "huge", sockets=1024, nodes_per_socket=2, cores_per_node=16, threads=2
     ).to_host()
-    cli._load_host = lambda a: (huge_host, "huge", huge_host.cpus)  # type: ignore[assignment]
+    cli_args.load_host = lambda a: (huge_host, "huge", huge_host.cpus)
     out = open(os.devnull, "w")
     for argv in (["topo"], ["plan", "--gpu", "0000:01:00.0", "--setting", "auto"]):
         for flag in ([], ["--json"]):

@@ -9,17 +9,31 @@ Whatever cannot be parsed means no limit, with a reason; never an exception.
 
 from __future__ import annotations
 
+import math
 import os
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from ._sysfs import Reader
 from .cpulist import parse_cpulist
 from .errors import excerpt
 
-if TYPE_CHECKING:
-    from .topology import Quota
+__all__ = ["Quota", "parse_cpu_max", "read_cgroup", "read_cgroup_cpuset"]
 
-__all__ = ["parse_cpu_max", "read_cgroup", "read_cgroup_cpuset"]
+
+@dataclass(frozen=True)
+class Quota:
+    """A CFS quota: ``quota_us`` of CPU time every ``period_us``."""
+
+    quota_us: int
+    period_us: int
+    source: str
+    """The file it came from, under the root."""
+
+    @property
+    def cpus(self) -> int:
+        """The CPUs' worth of time the quota allows, rounded up, at least 1."""
+        return max(1, math.ceil(self.quota_us / self.period_us))
+
 
 _DEFAULT_PERIOD_US = 100_000
 _MAX_US = (1 << 63) - 1
@@ -27,22 +41,23 @@ _MAX_US = (1 << 63) - 1
 _MAX_DEPTH = 64
 
 
-def parse_cpu_max(text: str) -> tuple[int, int] | None | str:
+def parse_cpu_max(text: str) -> tuple[int, int] | None:
     """``(quota_us, period_us)`` from cgroup v2 ``cpu.max``; ``None`` for no
-    quota (``max``); a string saying what is wrong when it cannot be parsed."""
+    quota (``max``). :class:`ValueError` saying what is wrong when it cannot
+    be parsed, like every other parser here."""
     fields = text.split()
     if not fields:
-        return "empty"
+        raise ValueError("empty")
     if len(fields) > 2:
-        return f"{excerpt(text.strip())} has {len(fields)} fields, not 'QUOTA PERIOD'"
+        raise ValueError(f"{excerpt(text.strip())} has {len(fields)} fields, not 'QUOTA PERIOD'")
     if fields[0] == "max":
         return None
     if any(len(f) > 19 or not f.isascii() or not f.isdigit() for f in fields):
-        return f"{excerpt(text.strip())} is not 'QUOTA PERIOD' in whole microseconds"
+        raise ValueError(f"{excerpt(text.strip())} is not 'QUOTA PERIOD' in whole microseconds")
     quota = int(fields[0])
     period = int(fields[1]) if len(fields) == 2 else _DEFAULT_PERIOD_US
     if quota <= 0 or period <= 0:
-        return f"{excerpt(text.strip())} has a quota or period that is not positive"
+        raise ValueError(f"{excerpt(text.strip())} has a quota or period that is not positive")
     return quota, period
 
 
@@ -127,9 +142,10 @@ def _quota_v2(r: Reader, chain: list[str]) -> tuple[int, int, str] | None:
         text = r.text(rel)
         if text is None:
             continue
-        parsed = parse_cpu_max(text)
-        if isinstance(parsed, str):
-            r.reasons.append(f"{rel}: {parsed}; taken as no quota")
+        try:
+            parsed = parse_cpu_max(text)
+        except ValueError as exc:
+            r.reasons.append(f"{rel}: {exc}; taken as no quota")
             continue
         if parsed is not None and (best is None or parsed[0] * best[1] < best[0] * parsed[1]):
             best = (parsed[0], parsed[1], rel)
@@ -174,8 +190,6 @@ def _cpuset(r: Reader, chain: list[str], names: tuple[str, ...]) -> frozenset[in
 
 def read_cgroup(r: Reader) -> tuple[frozenset[int] | None, Quota | None]:
     """The cgroup cpuset (``None`` when unknown) and the strictest quota."""
-    from .topology import Quota
-
     unified_mount, v1_mounts = _mounts(r)
     unified_path, v1_paths = _membership(r)
     quota = None

@@ -106,8 +106,8 @@ def handoff(
     _check_cpus(a, b)
     if spin and (a is None or b is None or a == b):
         raise ValueError(
-            f"--spin needs two different CPUs, not {format_pair(cpus)}: two "
-            "spinners on one CPU wait on each other"
+            f"spin=True needs two different CPUs in cpus, not ({format_pair(cpus)}): two "
+            "spinners on one CPU, or unpinned, wait on each other"
         )
     if rounds <= 0 or warmup < 0 or idle_us < 0:
         raise ValueError("rounds must be positive, warmup and idle_us not negative")

@@ -20,7 +20,7 @@ from .errors import excerpt
 
 log = logging.getLogger("cpupin")
 
-__all__ = ["ENV_PROCESS_CPUS", "process_cpus", "set_process_cpus", "start_time"]
+__all__ = ["ENV_PROCESS_CPUS", "process_cpus", "set_process_cpus", "start_time", "thread_masks"]
 
 _lock = threading.Lock()
 
@@ -113,3 +113,18 @@ def start_time(pid: int, tid: int | None = None) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def thread_masks(
+    pid: int | None = None, *, last_cpu: bool = False
+) -> list[tuple[_native.ThreadStat, frozenset[int]]]:
+    """Every thread of a process (``None``: this one) with its CPU mask, in
+    tid order. A thread that exits between the two reads is left out
+    (``ProcessLookupError`` for it alone); any other error is raised."""
+    out = []
+    for st in _native.thread_stats(pid, last_cpu=last_cpu):
+        try:
+            out.append((st, _native.get_affinity(st.tid)))
+        except ProcessLookupError:
+            continue
+    return out

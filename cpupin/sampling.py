@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from . import _native
 from .cpulist import format_cpulist, parse_cpulist
-from .process import ENV_PROCESS_CPUS, process_cpus, start_time
+from .process import ENV_PROCESS_CPUS, process_cpus, start_time, thread_masks
 
-__all__ = ["Sampler", "ThreadSample", "process_mask_of", "sample_threads"]
+__all__ = ["Audit", "Sampler", "ThreadSample", "audit", "process_mask_of", "sample_threads"]
 
 
 _ENVIRON_LIMIT = 4 << 20
@@ -108,16 +108,11 @@ class Sampler:
 
     def stop(self) -> list[ThreadSample]:
         pid = self.pid
-        second = _native.thread_stats(pid, last_cpu=True)
+        threads = thread_masks(pid, last_cpu=True)
         self._same_process()
         wall_ms = max(time.monotonic_ns() - self._start, 1) / 1e6
         own = pid is None or pid == os.getpid()
-        masks = {}
-        for st in second:
-            try:
-                masks[st.tid] = _native.get_affinity(st.tid)
-            except ProcessLookupError:
-                continue
+        masks = {st.tid: cpus for st, cpus in threads}
         if own:
             from .threads import pinned_threads
 
@@ -126,10 +121,9 @@ class Sampler:
             mask, _ = process_mask_of(pid or 0, list(masks.values()))
             pins = {}
         out = []
-        for st in second:
+        for st, cpus in threads:
             before = self._first.get(st.tid)
-            cpus = masks.get(st.tid)
-            if before is None or cpus is None or st.run_ns < before.run_ns:
+            if before is None or st.run_ns < before.run_ns:
                 continue  # new in the interval (a reused tid reads less than before)
             if cpus == mask:
                 state = "process mask"
@@ -167,3 +161,52 @@ def sample_threads(pid: int | None = None, interval: float = 1.0) -> list[Thread
     sampler = Sampler(pid).start()
     time.sleep(interval)
     return sampler.stop()
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Another process's threads grouped by CPU mask, seen from outside."""
+
+    pid: int
+    process_mask: frozenset[int]
+    process_mask_from: str
+    groups: dict[frozenset[int], list[tuple[int, str]]]
+    """Mask to its threads' (tid, name), widest mask first."""
+
+    @property
+    def threads(self) -> int:
+        return sum(len(members) for members in self.groups.values())
+
+    @property
+    def narrower(self) -> dict[frozenset[int], list[tuple[int, str]]]:
+        """The groups on a mask other than the process mask."""
+        return {m: t for m, t in self.groups.items() if m != self.process_mask}
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "pid": self.pid,
+            "process_mask": format_cpulist(self.process_mask),
+            "process_mask_from": self.process_mask_from,
+            "groups": [
+                {
+                    "mask": format_cpulist(cpus),
+                    "narrower": cpus != self.process_mask,
+                    "threads": [{"tid": tid, "name": name} for tid, name in members],
+                }
+                for cpus, members in self.groups.items()
+            ],
+        }
+
+
+def audit(pid: int) -> Audit:
+    """Group another process's threads by mask, against its process mask
+    (:func:`process_mask_of`). ``ProcessLookupError`` when it is gone."""
+    threads = thread_masks(_native.as_pid(pid))
+    if not threads:
+        raise ProcessLookupError(errno.ESRCH, f"pid {pid}: no such process")
+    mask, source = process_mask_of(pid, [m for _, m in threads])
+    groups: dict[frozenset[int], list[tuple[int, str]]] = {}
+    for st, cpus in threads:
+        groups.setdefault(cpus, []).append((st.tid, st.name))
+    ordered = dict(sorted(groups.items(), key=lambda kv: (-len(kv[0]), sorted(kv[0]))))
+    return Audit(pid, mask, source, ordered)

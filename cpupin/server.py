@@ -15,10 +15,10 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
 from .errors import PlanError
 from .lock import Claim, claim_gpus
-from .cpulist import format_cpulist
 from .placement import ENV_SETTING, Placement, parse_setting, place
 from .process import ENV_PROCESS_CPUS, process_cpus
 from .topology import Host, parse_pci_address, read_host

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from . import _native
 from .cpulist import format_cpulist
-from .process import process_cpus, set_process_cpus, start_time
+from .process import process_cpus, set_process_cpus, start_time, thread_masks
 
 log = logging.getLogger("cpupin")
 
@@ -338,18 +338,14 @@ def stray_threads() -> list[ThreadInfo]:
     someone pinned behind cpupin's back. Exact, since the process knows its
     own pins. A runtime's tests call it."""
     mask = process_cpus()
-    stats = _native.thread_stats()
-    alive = {st.tid for st in stats}
+    threads = thread_masks()
+    alive = {st.tid for st, _ in threads}
     with _pins_lock:
         for tid in [t for t in _pins if t not in alive]:
             del _pins[tid]  # its thread is gone; the tid may come back
         pins = dict(_pins)
-    stray = []
-    for st in stats:
-        try:
-            cpus = _native.get_affinity(st.tid)
-        except ProcessLookupError:
-            continue
-        if cpus != mask and cpus != pins.get(st.tid):
-            stray.append(ThreadInfo(st.tid, st.name, cpus))
-    return stray
+    return [
+        ThreadInfo(st.tid, st.name, cpus)
+        for st, cpus in threads
+        if cpus != mask and cpus != pins.get(st.tid)
+    ]

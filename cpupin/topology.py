@@ -12,13 +12,13 @@ nothing.
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ._sysfs import Reader
+from .cgroup import Quota, read_cgroup
 from .cpulist import MAX_CPUS, format_cpulist
 from .errors import excerpt
 
@@ -82,21 +82,6 @@ class IdleState:
 
 
 @dataclass(frozen=True)
-class Quota:
-    """A CFS quota: ``quota_us`` of CPU time every ``period_us``."""
-
-    quota_us: int
-    period_us: int
-    source: str
-    """The file it came from, under the root."""
-
-    @property
-    def cpus(self) -> int:
-        """The CPUs' worth of time the quota allows, rounded up, at least 1."""
-        return max(1, math.ceil(self.quota_us / self.period_us))
-
-
-@dataclass(frozen=True)
 class Host:
     """A machine's CPUs, cores, nodes and GPUs, as read under ``root``."""
 
@@ -122,6 +107,55 @@ class Host:
     included; ``None`` when sysfs does not say."""
     reasons: tuple[str, ...] = ()
     """What could not be read, and what was assumed instead."""
+
+    def as_dict(self) -> dict[str, object]:
+        """The host as JSON-ready data (what ``cpupin topo --json`` prints,
+        with the process's mask and CPU plan beside it)."""
+        deepest = self.deepest_idle_state()
+        quota = self.quota
+        return {
+            "cpus": sorted(self.cpus),
+            "cores": [list(core.cpus) for core in self.cores],
+            "nodes": {str(node.id): sorted(node.cpus) for node in self.nodes},
+            "gpus": [
+                {
+                    "address": g.address,
+                    "vendor": g.vendor,
+                    "class": f"{g.class_code:#08x}",
+                    "node": g.node,
+                    "local_cpus": sorted(g.local_cpus) if g.local_cpus is not None else None,
+                }
+                for g in self.gpus
+            ],
+            "idle_states": [
+                {
+                    "package": package,
+                    "name": s.name,
+                    "latency_us": s.latency_us,
+                    "disabled": s.disabled,
+                }
+                for package, states in sorted(self.idle_states.items())
+                for s in states
+            ],
+            "deepest_idle_state": (
+                {"name": deepest.name, "latency_us": deepest.latency_us} if deepest else None
+            ),
+            "smt": self.smt,
+            "hypervisor": self.hypervisor,
+            "cpuset": sorted(self.cpuset) if self.cpuset is not None else None,
+            "memory_nodes": (sorted(self.memory_nodes) if self.memory_nodes is not None else None),
+            "quota": (
+                {
+                    "quota_us": quota.quota_us,
+                    "period_us": quota.period_us,
+                    "cpus": quota.cpus,
+                    "source": quota.source,
+                }
+                if quota
+                else None
+            ),
+            "reasons": list(self.reasons),
+        }
 
     def core_of(self, cpu: int) -> Core | None:
         for core in self.cores:
@@ -397,15 +431,12 @@ def read_host(root: str | os.PathLike[str] = "/") -> Host:
 
     Never raises for a missing or malformed file; see :attr:`Host.reasons`.
     """
-    from .cgroup import read_cgroup
 
     with Reader(os.fspath(root)) as r:
-        return _read(r, read_cgroup)
+        return _read(r)
 
 
-def _read(
-    r: Reader, read_cgroup: Callable[[Reader], tuple[frozenset[int] | None, Quota | None]]
-) -> Host:  # noqa: E501
+def _read(r: Reader) -> Host:
     online = _online_cpus(r)
     cores = _cores(r, online)
     nodes = _nodes(r, online)

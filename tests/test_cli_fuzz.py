@@ -149,17 +149,12 @@ def test_any_command_line_exits_0_or_2_with_no_traceback(argv):
 
 def test_an_internal_error_is_one_line_with_where_to_report(monkeypatch):
     from cpupin import cli
+    from cpupin.cli import topo
 
     def broken(args):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(cli, "_cmd_topo", broken)
-    parser = cli.build_parser
-    monkeypatch.setattr(
-        cli,
-        "build_parser",
-        lambda: _with_handler(parser(), "topo", broken),
-    )
+    monkeypatch.setattr(topo, "run", broken)  # registered afresh by each main()
     code, out, err, _ = run(["topo"])
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "internal error: KeyError" in err and cli.REPORT in err and "CPUPIN_DEBUG=1" in err
@@ -170,9 +165,3 @@ def test_an_internal_error_is_one_line_with_where_to_report(monkeypatch):
         pass
     else:
         raise AssertionError("CPUPIN_DEBUG=1 lets the exception through")
-
-
-def _with_handler(parser, command, handler):
-    for action in parser._subparsers._group_actions:
-        action.choices[command].set_defaults(handler=handler)
-    return parser

@@ -364,13 +364,13 @@ class CountingTuple(tuple):
 def test_topo_and_plan_text_walk_the_cores_a_few_times_not_once_a_node(monkeypatch, capsys):
     """A 65,536-CPU, 2,048-node host: the text output passes over the cores a
     bounded number of times, as the JSON does, not once for each node."""
-    from cpupin import cli
+    from cpupin.cli import _args
 
     spec = HostSpec("huge", sockets=1024, nodes_per_socket=2, cores_per_node=16, threads=2)
     host = spec.to_host()
     assert len(host.cpus) == 65536 and len(host.nodes) == 2048
     counted = replace(host, cores=CountingTuple(host.cores))
-    monkeypatch.setattr(cli, "_load_host", lambda args: (counted, "huge", counted.cpus))
+    monkeypatch.setattr(_args, "load_host", lambda args: (counted, "huge", counted.cpus))
     for argv in (["topo"], ["plan", "--gpu", "0000:01:00.0", "--setting", "auto"]):
         for json_flag in ([], ["--json"]):
             CountingTuple.iterations = 0

@@ -350,7 +350,8 @@ def test_cpu_max(text, parsed):
 
 @pytest.mark.parametrize("text", ["", "\n", "1 2 3\n", "abc 100000", "0 100000", "100 -5"])
 def test_cpu_max_that_cannot_be_parsed_says_why(text):
-    assert isinstance(parse_cpu_max(text), str)
+    with pytest.raises(ValueError, match=r"\S"):
+        parse_cpu_max(text)
 
 
 def v2(cpu_max=None, parent_max=None, cpuset=None, path="/job/step"):

@@ -1,0 +1,139 @@
+"""What the subcommands share: argument types that validate before any work
+starts, the host a command looks at, and JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+
+from cpupin._native import PID_LIMIT
+from cpupin.cpulist import format_cpulist, parse_cpulist
+from cpupin.errors import excerpt
+from cpupin.hosts import HOSTS, host_named
+from cpupin.process import process_cpus
+from cpupin.topology import Host, read_host
+
+
+def whole(name: str, lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: ASCII digits naming a whole number from lo to hi."""
+
+    def parse(text: str) -> int:
+        body = text.strip()
+        if not (body.isascii() and body.isdigit() and len(body) <= 12):
+            raise argparse.ArgumentTypeError(
+                f"{excerpt(text)} is not a whole number: {name} runs from {lo} to {hi}"
+            )
+        value = int(body)
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{name} {value} is outside {lo} to {hi}")
+        return value
+
+    return parse
+
+
+def seconds(lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds from lo to hi."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text) if len(text) <= 32 else math.nan
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise argparse.ArgumentTypeError(
+                f"{excerpt(text)} is not a number of seconds from {lo:g} to {hi:g}"
+            )
+        return value
+
+    return parse
+
+
+pid = whole("pid", 1, PID_LIMIT - 1)
+
+
+def pid_or_self(text: str) -> int | None:
+    if text == "self":
+        return None
+    try:
+        return pid(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{excerpt(text)} is not a pid: give a process id from 1 to {PID_LIMIT - 1}, or self"
+        ) from None
+
+
+def nonempty(what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"an empty {what}: name one")
+        return text
+
+    return parse
+
+
+def host_name(text: str) -> str:
+    if text not in HOSTS:
+        raise argparse.ArgumentTypeError(
+            f"no shipped host {excerpt(text)}: choose one of {', '.join(sorted(HOSTS))}"
+        )
+    return text
+
+
+def add_host(parser: argparse.ArgumentParser) -> None:
+    """``--root DIR | --host NAME``: the host a command looks at."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--root", type=nonempty("--root"), metavar="DIR", help="read sysfs and procfs under DIR"
+    )
+    where.add_argument(
+        "--host",
+        type=host_name,
+        metavar="NAME",
+        help="a shipped host: " + ", ".join(sorted(HOSTS)),
+    )
+
+
+def load_host(args: argparse.Namespace) -> tuple[Host, str, frozenset[int]]:
+    """(host, its title, the mask a process there has)."""
+    if args.host:
+        host = host_named(args.host)
+        return host, f"{args.host}: {HOSTS[args.host].description}", host.default_mask()
+    if args.root:
+        if not os.path.isdir(args.root):
+            raise ValueError(f"--root {excerpt(args.root)} is not a directory")
+        host = read_host(args.root)
+        if not host.cpus:
+            raise ValueError(
+                f"--root {excerpt(args.root)} lists no online CPU under "
+                "sys/devices/system/cpu: give the root of a sysfs and procfs capture "
+                "(the folder that holds sys/ and proc/)"
+            )
+        return host, f"the tree under {host.root}", host.default_mask()
+    host = read_host("/")
+    return host, "this machine", process_cpus() & host.cpus
+
+
+def mask_arg(text: str | None, host: Host, mask: frozenset[int]) -> frozenset[int]:
+    """``--mask CPULIST`` within the host's CPUs (``mask`` when not given);
+    naming no CPU of the host is an error."""
+    if text is None:
+        return mask
+    try:
+        cpus = parse_cpulist(text) & host.cpus
+    except ValueError as exc:
+        raise ValueError(f"--mask: {exc}") from None
+    if not cpus:
+        raise ValueError(
+            f"--mask {excerpt(text)} names no online CPU of the host (its CPUs are "
+            f"{format_cpulist(host.cpus) or 'none'})"
+        )
+    return cpus
+
+
+def print_json(obj: object) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")

@@ -1,0 +1,131 @@
+"""``cpupin exec``: run a command bound to a GPU's NUMA node."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from cpupin.binding import bind_process, decide_binding, read_mems_allowed
+from cpupin.cpulist import format_cpulist
+from cpupin.errors import excerpt
+from cpupin.process import ENV_PROCESS_CPUS, process_cpus
+from cpupin.server import resolve_devices
+
+from . import _args
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cmd = sub.add_parser(
+        "exec",
+        help="run a command bound to a GPU's NUMA node: its CPUs within the mask, its memory",
+        description="Bind to a GPU's NUMA node (CPUs within the process mask, memory policy "
+        "where the kernel allows), set CPUPIN_PROCESS_CPUS, and exec the command: "
+        "numactl --cpunodebind=N --preferred=N chosen from the GPU, respecting the launcher's "
+        "CPU set. Exits 127 when the command is not found, 126 when it cannot run.",
+    )
+    target = cmd.add_mutually_exclusive_group(required=True)
+    target.add_argument("--gpu", metavar="ADDR", help="the GPU's PCI address")
+    target.add_argument(
+        "--device",
+        type=_args.whole("--device", 0, 65535),
+        metavar="I",
+        help="a CUDA device index, through CUDA_VISIBLE_DEVICES, in PCI order",
+    )
+    target.add_argument(
+        "--local-rank",
+        action="store_true",
+        help="the device index from LOCAL_RANK (torchrun), else SLURM_LOCALID",
+    )
+    target.add_argument("--node", type=_args.whole("--node", 0, 65535), metavar="N", help="node N")
+    cmd.add_argument("--cpus", choices=("node", "keep"), default="node", help="node (default)")
+    cmd.add_argument(
+        "--memory",
+        choices=("preferred", "bind", "none"),
+        default="preferred",
+        help="the memory policy (preferred: the default)",
+    )
+    cmd.add_argument("--dry-run", action="store_true", help="print the binding; run nothing")
+    cmd.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+    _args.add_host(cmd)
+    cmd.add_argument("--mask", metavar="CPULIST", help="with --dry-run: the process mask")
+    cmd.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    cmd.set_defaults(handler=run)
+
+
+def _local_rank() -> int:
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        text = os.environ.get(name)
+        if text is not None:
+            body = text.strip()
+            if not (body.isascii() and body.isdigit() and len(body) <= 6):
+                raise ValueError(f"--local-rank: {name}={excerpt(text)} is not a device index")
+            return int(body)
+    raise ValueError(
+        "--local-rank: neither LOCAL_RANK (torchrun) nor SLURM_LOCALID (Slurm) is set; "
+        "name the GPU with --gpu or --device"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise ValueError("no command to run: cpupin exec --node 0 -- python serve.py")
+    elsewhere = args.root or args.host or args.mask is not None
+    if elsewhere and not args.dry_run:
+        raise ValueError(
+            "--root, --host and --mask describe another host or mask: use them with --dry-run"
+        )
+    device: str | int | None = None
+    if args.gpu is not None:
+        device = args.gpu
+    elif args.device is not None:
+        device = args.device
+    elif args.local_rank:
+        device = _local_rank()
+    if args.dry_run:
+        host, _, mask = _args.load_host(args)
+        mask = _args.mask_arg(args.mask, host, mask)
+        address = None if device is None else resolve_devices([device], host)[0]
+        binding = decide_binding(
+            host,
+            mask,
+            device=address,
+            node=args.node,
+            cpus=args.cpus,
+            memory=args.memory,
+            mems_allowed=None if elsewhere else read_mems_allowed("/"),
+        )
+        if args.json:
+            _args.print_json({**binding.as_dict(), "argv": argv})
+            return 0
+        print(f"device {binding.device or '-'}, node {_or_none(binding.node)}")
+        print(f"cpus   {format_cpulist(binding.cpus)} ({len(binding.cpus)} CPUs)")
+        memory = (
+            f"{binding.memory_policy} on node {format_cpulist(binding.memory_nodes)}"
+            if binding.memory_policy != "none"
+            else "no policy"
+        )
+        print(f"memory {memory}")
+        if binding.reason:
+            print(f"reason {binding.reason}")
+        print(f"argv   {' '.join(argv)}  (a dry run: nothing applied, nothing run)")
+        return 0
+    binding = bind_process(device, node=args.node, cpus=args.cpus, memory=args.memory)
+    if binding.reason:
+        print(f"cpupin exec: {binding.reason}", file=sys.stderr)
+    env = {**os.environ, ENV_PROCESS_CPUS: format_cpulist(process_cpus())}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        print(f"cpupin exec: {excerpt(argv[0])}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    return 0  # not reached: exec replaced this process
+
+
+def _or_none(value: object) -> str:
+    return "none" if value is None else str(value)

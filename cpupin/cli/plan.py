@@ -1,0 +1,168 @@
+"""``cpupin plan``: a dry run of the placement, drawn node by node."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from cpupin.cpulist import format_cpulist
+from cpupin.errors import PlanError, excerpt
+from cpupin.placement import Placement, parse_setting, place
+from cpupin.server import OPENMP_AFFINITY_VARS
+from cpupin.topology import Host, parse_pci_address
+
+from . import _args
+from .topo import heads
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    plan = sub.add_parser(
+        "plan", help="a dry run: where each server's threads would go (takes no lock)"
+    )
+    _args.add_host(plan)
+    plan.add_argument(
+        "--mask",
+        metavar="CPULIST",
+        help="the process mask (default: this process's, or all of a --host/--root host's)",
+    )
+    plan.add_argument("--setting", default="auto", help="off, auto (default) or a CPU number")
+    plan.add_argument(
+        "--gpu",
+        dest="entries",
+        action="append",
+        type=_tag("gpu"),
+        metavar="ADDR",
+        help="a worker on this GPU; repeat for more workers",
+    )
+    plan.add_argument(
+        "--device",
+        dest="entries",
+        action="append",
+        type=_tag("device"),
+        metavar="INDEX",
+        help="a worker on the host's INDEX-th GPU (PCI order)",
+    )
+    plan.add_argument(
+        "--all-gpus",
+        action="store_true",
+        help="one single-worker server per host GPU (the default)",
+    )
+    plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.set_defaults(handler=run)
+
+
+def _tag(kind: str) -> Callable[[str], tuple[str, str]]:
+    def parse(text: str) -> tuple[str, str]:
+        return kind, text
+
+    return parse
+
+
+def _device(kind: str, text: str, host: Host) -> str:
+    if kind == "gpu":
+        return parse_pci_address(text)
+    if not (text.isascii() and text.isdigit()):
+        raise PlanError(f"--device {excerpt(text)} is not a device index")
+    index = int(text)
+    if index >= len(host.gpus):
+        raise PlanError(
+            f"--device {index} is past the host's {len(host.gpus)} GPU(s) (indexes "
+            "count them in PCI order)"
+        )
+    return host.gpus[index].address
+
+
+def run(args: argparse.Namespace) -> int:
+    ignored = [n for n in os.environ if n.startswith("CPUPIN_") or n in OPENMP_AFFINITY_VARS]
+    if ignored:
+        print(
+            f"note: the dry run plans from its arguments alone; it ignores {', '.join(ignored)}",
+            file=sys.stderr,
+        )
+    setting = parse_setting(args.setting)
+    host, title, mask = _args.load_host(args)
+    allowed = _args.mask_arg(args.mask, host, mask) & host.cpus
+    if not allowed:
+        raise ValueError(f"the process mask names no online CPU of {title}")
+    if args.all_gpus or not args.entries:
+        if not host.gpus and not args.entries:
+            raise ValueError(f"{title} has no GPU: name worker slots with --gpu or --device")
+        servers = [[g.address] for g in host.gpus]
+    else:
+        servers = [[_device(kind, text, host) for kind, text in args.entries]]
+    placements = [place(host, allowed, devices, setting) for devices in servers]
+    if args.json:
+        _args.print_json(
+            {
+                "setting": str(setting),
+                "mask": format_cpulist(allowed),
+                "servers": [
+                    {k: v for k, v in p.as_dict().items() if k != "setting"} for p in placements
+                ],
+            }
+        )
+        return 0
+    print(
+        f"{title}\nsetting {setting}, mask {format_cpulist(allowed)} ({len(allowed)} CPUs); "
+        "a dry run: no lock taken"
+    )
+    _draw(host, allowed, placements)
+    return 0
+
+
+def _draw(host: Host, allowed: frozenset[int], placements: list[Placement]) -> None:
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    owner: dict[int, str] = {}
+    for i, p in enumerate(placements):
+        letter = letters[i % 26]
+        if p.pinned:
+            steps = "; ".join(f"{w.device} on {format_cpulist(w.cpus)}" for w in p.workers)
+            print(f"  {letter}  step {steps}; result on {p.result_cpu}")
+        else:
+            print(f"  {letter}  {', '.join(p.devices)}: pins nothing: {p.reason}")
+        for w in p.workers:
+            for cpu in w.cpus:
+                owner[cpu] = letter if cpu not in owner else "*"
+        if p.result_cpu is not None:
+            owner[p.result_cpu] = letter.lower() if p.result_cpu not in owner else "*"
+    print(
+        "cores of each node (A: a server's step core, a: its result CPU, .: free, "
+        "' ': outside the mask)"
+    )
+    # One line a node, with no Python loop over the cores of a node that is
+    # wholly free (a 65,536-CPU host has 2,048 nodes).
+    by_first = heads(host)
+    firsts_all = frozenset(by_first)
+    owned = frozenset(owner)
+    gpus_of: dict[int | None, list[str]] = {}
+    for g in host.gpus:
+        gpus_of.setdefault(g.node, []).append(g.address)
+    free_rows: dict[int, str] = {}
+    lines = []
+    for node in host.cpu_nodes:
+        firsts = node.cpus & firsts_all
+        if node.cpus <= allowed and not node.cpus & owned:
+            row = free_rows.get(len(firsts))
+            if row is None:
+                row = free_rows[len(firsts)] = _grouped("." * len(firsts))
+        else:
+            cells = []
+            for first in sorted(firsts):
+                cell = " "  # outside the mask, unless a CPU of it is allowed
+                for cpu in by_first[first].cpus:
+                    if cpu in allowed:
+                        cell = owner.get(cpu) or "."
+                        if cell != ".":
+                            break
+                cells.append(cell)
+            row = _grouped("".join(cells))
+        gpus = gpus_of.get(node.id)
+        lines.append(f"  node {node.id:<3} {row}" + (f"  GPUs {' '.join(gpus)}" if gpus else ""))
+    print("\n".join(lines))
+
+
+def _grouped(row: str) -> str:
+    """A node's row of core marks in groups of eight."""
+    return " ".join(row[i : i + 8] for i in range(0, len(row), 8))

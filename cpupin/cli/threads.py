@@ -1,0 +1,74 @@
+"""``cpupin threads`` and ``cpupin audit``: a process's threads and masks."""
+
+from __future__ import annotations
+
+import argparse
+
+from cpupin.cpulist import format_cpulist
+from cpupin.process import process_cpus, thread_masks
+from cpupin.sampling import audit
+
+from . import _args
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    threads = sub.add_parser(
+        "threads", help="list a process's threads with CPU time, run-queue wait and last CPU"
+    )
+    threads.add_argument(
+        "pid", nargs="?", type=_args.pid, help="process id (default: this process)"
+    )
+    threads.add_argument("--json", action="store_true", help="print JSON")
+    threads.set_defaults(handler=run_threads)
+
+    check = sub.add_parser(
+        "audit", help="group another process's threads by CPU mask; list the narrower ones"
+    )
+    check.add_argument("pid", type=_args.pid, help="process id")
+    check.add_argument("--json", action="store_true", help="print JSON")
+    check.add_argument(
+        "--fail-on-narrow",
+        action="store_true",
+        help="exit 1 when any thread is on a narrower mask than the process's",
+    )
+    check.set_defaults(handler=run_audit)
+
+
+def run_threads(args: argparse.Namespace) -> int:
+    rows = [
+        {**st._asdict(), "mask": sorted(mask)} for st, mask in thread_masks(args.pid, last_cpu=True)
+    ]
+    if args.json:
+        _args.print_json(rows)
+        return 0
+    print(f"process mask {format_cpulist(process_cpus())}")
+    print(f"{'tid':>8} {'name':16} {'run ms':>10} {'wait ms':>10} {'cpu':>4}")
+    for row in rows:
+        print(
+            f"{row['tid']:>8} {row['name'][:16]:16} {row['run_ns'] / 1e6:>10.1f} "
+            f"{row['wait_ns'] / 1e6:>10.1f} {row['last_cpu']!s:>4}"
+        )
+    return 0
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    report = audit(args.pid)
+    narrow = report.narrower
+    if args.json:
+        _args.print_json(report.as_dict())
+    else:
+        mask = report.process_mask
+        print(
+            f"pid {args.pid}: {report.threads} threads; process mask {format_cpulist(mask)} "
+            f"({report.process_mask_from})"
+        )
+        print(f"  {len(report.groups.get(mask, []))} thread(s) on the process mask")
+        for cpus, members in sorted(narrow.items(), key=lambda kv: sorted(kv[0])):
+            names = ", ".join(f"{name} ({tid})" for tid, name in members)
+            print(f"  on {format_cpulist(cpus)}: {names}")
+        if narrow:
+            print(
+                "  From outside, a deliberate pin and a stray look the same; inside the "
+                "process, cpupin.stray_threads() tells them apart."
+            )
+    return 1 if narrow and args.fail_on_narrow else 0

@@ -1,0 +1,106 @@
+"""``cpupin top``: a live per-thread table with the run-queue wait column."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable
+
+from cpupin.cpulist import format_cpulist
+from cpupin.sampling import Sampler
+from cpupin.threads import Thread
+
+from . import _args
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    top = sub.add_parser("top", help="a live per-thread table: CPU ms/s, run-queue wait ms/s")
+    top.add_argument(
+        "pid", type=_args.pid_or_self, help="process id, or self for cpupin's own threads (a demo)"
+    )
+    top.add_argument(
+        "--interval", type=_args.seconds(0.01, 3600), default=1.0, help="seconds a sample (1)"
+    )
+    top.add_argument(
+        "--count",
+        type=_args.whole("--count", 1, 1_000_000),
+        help="samples to take (default: until interrupted)",
+    )
+    top.add_argument("--json", action="store_true", help="print each sample as a JSON list")
+    top.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pid is None:
+        _demo_threads()
+    sampler = Sampler(args.pid)
+    counts = range(args.count) if args.count is not None else itertools.count()
+    try:
+        _samples(args, sampler, counts)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how top ends
+    return 0
+
+
+def _samples(args: argparse.Namespace, sampler: Sampler, counts: Iterable[int]) -> None:
+    for i in counts:
+        sampler.start()
+        time.sleep(args.interval)
+        samples = sampler.stop()
+        if args.json:
+            json.dump([s.as_dict() for s in samples], sys.stdout)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            continue
+        if i:
+            print()
+        print(
+            time.strftime("%H:%M:%S"),
+            f"pid {args.pid or os.getpid()}, {len(samples)} threads, over {args.interval:g} s",
+        )
+        print(
+            f"{'tid':>8} {'name':16} {'cpu ms/s':>9} {'wait ms/s':>10} {'cpu':>4}  "
+            f"{'mask':14} state"
+        )
+        for s in samples:
+            print(
+                f"{s.tid:>8} {s.name[:16]:16} {s.cpu_ms_per_s:>9.1f} {s.wait_ms_per_s:>10.1f} "
+                f"{s.last_cpu if s.last_cpu is not None else '?':>4}  "
+                f"{_short(s.mask):14} {s.state}"
+            )
+        sys.stdout.flush()
+
+
+def _short(cpus: frozenset[int]) -> str:
+    text = format_cpulist(cpus)
+    return text if len(text) <= 14 else text[:13] + "…"
+
+
+def _demo_threads() -> None:
+    """Two threads for ``cpupin top self`` to show: one busy, one asleep."""
+
+    def name(text: str) -> None:
+        try:  # the OS name, which Python before 3.14 leaves as the process's
+            with open("/proc/thread-self/comm", "w") as f:
+                f.write(text)
+        except OSError:
+            pass
+
+    def busy() -> None:
+        name("demo-busy")
+        while True:
+            end = time.monotonic() + 0.003
+            while time.monotonic() < end:
+                pass
+            time.sleep(0.007)
+
+    def idle() -> None:
+        name("demo-idle")
+        time.sleep(1e9)
+
+    Thread(target=busy, name="demo-busy", daemon=True).start()
+    Thread(target=idle, name="demo-idle", daemon=True).start()

@@ -1,0 +1,80 @@
+"""``cpupin topo``: the host as cpupin reads it."""
+
+from __future__ import annotations
+
+import argparse
+
+from cpupin.cpulist import format_cpulist
+from cpupin.cpuplan import CpuPlan
+from cpupin.topology import Core, Host
+
+from . import _args
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    topo = sub.add_parser("topo", help="show the host: nodes, cores, SMT, GPUs, idle states, mask")
+    _args.add_host(topo)
+    topo.add_argument("--json", action="store_true", help="print JSON")
+    topo.set_defaults(handler=run)
+
+
+def heads(host: Host) -> dict[int, Core]:
+    """Each core by its first CPU: with ``node.cpus & heads.keys()`` (a set
+    operation in C) a node's cores are found without a Python loop over every
+    core for every node (a 65,536-CPU host has 2,048 nodes)."""
+    return {core.cpus[0]: core for core in host.cores}
+
+
+def run(args: argparse.Namespace) -> int:
+    host, title, mask = _args.load_host(args)
+    plan = CpuPlan.for_host(host, mask)
+    if args.json:
+        data = {"host": title, **host.as_dict()}
+        data.update(mask=sorted(plan.mask), usable_cpus=plan.usable_cpus)
+        _args.print_json(data)
+        return 0
+    threads = {len(core.cpus) for core in host.cores}
+    smt = {True: "SMT on", False: "SMT off", None: "SMT unknown"}[host.smt]
+    print(title)
+    print(
+        f"CPUs   {len(host.cpus)} online ({format_cpulist(host.cpus)}), {len(host.cores)} "
+        f"cores, {smt} ({'/'.join(map(str, sorted(threads)))} thread(s) a core)"
+    )
+    firsts = frozenset(heads(host))
+    for node in host.nodes:
+        gpus = [g.address for g in host.gpus if g.node == node.id]
+        cores = len(node.cpus & firsts)
+        cpus = f"CPUs {format_cpulist(node.cpus)} ({cores} cores)" if node.cpus else "no CPUs"
+        if host.memory_nodes is not None:
+            cpus += ", memory" if node.id in host.memory_nodes else ", no memory"
+        print(f"node {node.id:<3} {cpus}" + (f"; GPUs {' '.join(gpus)}" if gpus else ""))
+    for g in host.gpus:
+        local = format_cpulist(g.local_cpus) if g.local_cpus is not None else "unknown"
+        where = g.node if g.node is not None else "none"
+        print(
+            f"GPU    {g.address} {g.vendor} class {g.class_code:#08x} node {where}, "
+            f"local CPUs {local}"
+        )
+    if not host.gpus:
+        print("GPUs   none")
+    deepest = host.deepest_idle_state()
+    if deepest:
+        vm = " (a virtual machine: its guest sees only what the hypervisor shows)"
+        print(
+            f"idle   deepest state {deepest.name}, exit latency {deepest.latency_us} µs"
+            + (vm if host.hypervisor else "")
+        )
+    else:
+        print("idle   no idle states listed")
+    quota = (
+        f"{host.quota.quota_us}/{host.quota.period_us} µs = {host.quota.cpus} CPU(s)"
+        if host.quota
+        else "none"
+    )
+    print(
+        f"mask   {format_cpulist(plan.mask)} ({len(plan.mask)} CPUs); cgroup quota {quota}; "
+        f"usable CPUs {plan.usable_cpus}"
+    )
+    for reason in host.reasons:
+        print(f"note   {reason}")
+    return 0
