@@ -11,12 +11,15 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The repository root: host specs read back in memory live with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _env import fmt_ns, paired, start  # noqa: E402
 
 from cpupin.hosts import HOSTS, GpuSpec, HostSpec, _built, host_named  # noqa: E402
 from cpupin.placement import place  # noqa: E402
 from cpupin.server import plan_server  # noqa: E402
+from tests.specs import spec_host  # noqa: E402
 
 BIG = HostSpec(
     "4096-cpus",
@@ -32,7 +35,7 @@ BIG = HostSpec(
 def main() -> None:
     args = start(__doc__ or "")
     dgx = host_named("dgx-h100")
-    big = BIG.to_host()
+    big = spec_host(BIG)
     dgx_gpu = dgx.gpus[5].address
     big_gpu = big.gpus[9].address
     root = _built("dgx-h100")

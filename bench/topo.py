@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The repository root: host specs read back in memory live with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _env import describe, fmt_ns, paired, timed  # noqa: E402
 
@@ -32,6 +34,7 @@ from cpupin.hosts import (  # noqa: E402
     host_named,
 )
 from cpupin.topology import read_host  # noqa: E402
+from tests.specs import spec_host  # noqa: E402
 
 
 def main() -> None:
@@ -85,9 +88,9 @@ def main() -> None:
     )
     for what, ns in times.items():
         print(f"| `{what}` | {fmt_ns(ns)} |")
-    huge_host = HostSpec(
-        "huge", sockets=1024, nodes_per_socket=2, cores_per_node=16, threads=2
-    ).to_host()
+    huge_host = spec_host(
+        HostSpec("huge", sockets=1024, nodes_per_socket=2, cores_per_node=16, threads=2)
+    )
     cli_args.load_host = lambda a: (huge_host, "huge", huge_host.cpus)
     out = open(os.devnull, "w")
     for argv in (["topo"], ["plan", "--gpu", "0000:01:00.0", "--setting", "auto"]):

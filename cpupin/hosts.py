@@ -20,14 +20,8 @@ from functools import cache
 
 from .cpulist import format_cpulist
 from .topology import (
-    GPU_VENDORS,
-    Core,
-    Gpu,
     Host,
-    IdleState,
-    Node,
     parse_pci_address,
-    pci_sort_key,
     read_host,
 )
 
@@ -99,27 +93,9 @@ class HostSpec:
             return core * self.threads + thread
         return core + thread * self.cores_count
 
-    # What a reader must find: the truth the tests compare with.
-
     def online(self) -> frozenset[int]:
         every = {self.cpu(c, t) for c in range(self.cores_count) for t in range(self.threads)}
         return frozenset(every - self.offline)
-
-    def _cores(self) -> list[tuple[int, tuple[int, ...]]]:
-        """(core index, its online CPUs) of every core with one online, in
-        order of their lowest CPU."""
-        online = self.online()
-        cores = []
-        for c in range(self.cores_count):
-            cpus = tuple(
-                sorted(self.cpu(c, t) for t in range(self.threads) if self.cpu(c, t) in online)
-            )
-            if cpus:
-                cores.append((c, cpus))
-        return sorted(cores, key=lambda core: core[1])
-
-    def core_cpus(self) -> list[tuple[int, ...]]:
-        return [cpus for _, cpus in self._cores()]
 
     def node_cpus(self) -> dict[int, frozenset[int]]:
         online = self.online()
@@ -136,50 +112,6 @@ class HostSpec:
 
     def package_of_node(self, node: int) -> int:
         return node // self.nodes_per_socket
-
-    def to_host(self) -> Host:
-        """The :class:`Host` this spec describes, built in memory: what
-        ``read_host`` of its tree must return (but ``root`` and ``reasons``)."""
-        nodes = self.node_cpus()
-        cpu_nodes = [n for n, cpus in nodes.items() if cpus]
-        online = self.online()
-        gpus = []
-        for g in self.gpus:
-            node = (
-                g.node
-                if g.node >= 0 and self.numa
-                else (cpu_nodes[0] if len(cpu_nodes) == 1 else None)
-            )
-            if g.local_cpulist:
-                local: frozenset[int] | None = nodes.get(g.node, online) if self.numa else online
-            else:
-                local = nodes.get(node) or None if node is not None else None
-            gpus.append(
-                Gpu(
-                    parse_pci_address(g.address),
-                    GPU_VENDORS[g.vendor],
-                    g.vendor,
-                    g.class_code,
-                    node,
-                    local,
-                )
-            )
-        states = tuple(IdleState(name, latency) for name, latency in self.idle_states)
-        cores = tuple(
-            Core(cpus, self.package_of_node(c // self.cores_per_node)) for c, cpus in self._cores()
-        )
-        return Host(
-            root="",
-            cpus=online,
-            cores=cores,
-            nodes=tuple(Node(n, cpus) for n, cpus in sorted(nodes.items())),
-            gpus=tuple(sorted(gpus, key=lambda g: pci_sort_key(g.address))),
-            idle_states={(-1 if p is None else p): states for p in {c.package for c in cores}},
-            smt=self.threads > 1,
-            cpuset=online if self.cpuset is None else None,
-            hypervisor=self.hypervisor,
-            memory_nodes=frozenset(nodes) if self.numa else None,
-        )
 
 
 def _write(root: str, rel: str, text: str) -> None:

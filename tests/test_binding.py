@@ -20,6 +20,7 @@ from cpupin.cli import main
 from cpupin.hosts import HOSTS, host_named
 
 from .helpers import run, run_python
+from .specs import spec_host
 from .strategies import host_specs
 from .test_topology_hwloc import needs_captures, unpacked  # noqa: F401 - a fixture
 
@@ -149,7 +150,7 @@ def test_bad_requests_name_the_value(kwargs, says):
     memory=st.sampled_from(["preferred", "bind", "none"]),
 )
 def test_random_hosts_masks_and_targets(spec, data, memory):
-    host = spec.to_host()
+    host = spec_host(spec)
     cpus = sorted(host.cpus)
     mask = frozenset(data.draw(st.lists(st.sampled_from(cpus), min_size=1, unique=True)))
     mems = data.draw(st.none() | st.frozensets(st.sampled_from([n.id for n in host.nodes])))

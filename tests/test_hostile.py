@@ -22,6 +22,7 @@ from cpupin.hosts import GpuSpec, HostSpec, build_tree
 from cpupin.topology import read_host
 
 from .helpers import in_forked_child
+from .specs import spec_host
 
 SENTINEL = "OUTSIDE-THE-ROOT"
 NOBODY = 65534
@@ -254,7 +255,7 @@ def test_the_trees_own_relative_symlinks_keep_working(place, resolver):
     assert os.path.islink(link) and not os.readlink(link).startswith("/")
     host = read_host(tree)
     assert [g.address for g in host.gpus] == ["0000:3b:00.0", "0000:9b:00.0"]
-    truth = SPEC.to_host()
+    truth = spec_host(SPEC)
     assert (host.cpus, host.cores, host.nodes, host.gpus) == (
         truth.cpus,
         truth.cores,
@@ -367,7 +368,7 @@ def test_topo_and_plan_text_walk_the_cores_a_few_times_not_once_a_node(monkeypat
     from cpupin.cli import _args
 
     spec = HostSpec("huge", sockets=1024, nodes_per_socket=2, cores_per_node=16, threads=2)
-    host = spec.to_host()
+    host = spec_host(spec)
     assert len(host.cpus) == 65536 and len(host.nodes) == 2048
     counted = replace(host, cores=CountingTuple(host.cores))
     monkeypatch.setattr(_args, "load_host", lambda args: (counted, "huge", counted.cpus))

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from cpupin import PlanError, parse_cpulist, parse_setting, place, setting_from_env
 from cpupin.hosts import HOSTS, host_named
 
+from .specs import spec_host
 from .strategies import host_specs, masks
 
 B300 = host_named("xeon6-b300")  # 4 nodes of 32 cores, siblings at +128, 2 GPUs a node
@@ -198,7 +199,7 @@ def pools(host, allowed):
 
 @st.composite
 def host_and_mask(draw):
-    host = draw(host_specs(max_cores=96)).to_host()
+    host = spec_host(draw(host_specs(max_cores=96)))
     return host, draw(masks(host))
 
 
