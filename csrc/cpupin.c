@@ -37,6 +37,17 @@ typedef struct cpupin_tasks cpupin_tasks;
 
 int cpupin_noop(void) { return 0; }
 
+/* 1 when the calling thread holds the GIL inside a call: the test that the
+ * redefinition at the end of this file reached cffi's wrappers. */
+int cpupin_holds_gil(void)
+{
+#ifdef Py_PYTHON_H
+    return PyGILState_Check();
+#else
+    return -ENOSYS;
+#endif
+}
+
 #if CPUPIN_HAVE_AFFINITY
 
 long cpupin_gettid(void) { return (long)syscall(SYS_gettid); }
@@ -785,7 +796,7 @@ int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
  * took 560 us on average (bench/RESULTS.md). So the calls keep the GIL, as
  * os.sched_setaffinity does, and cpupin_tasks_read, which takes hundreds of
  * microseconds, drops it itself. */
-#ifdef Py_PYTHON_H
+#if defined(Py_PYTHON_H) && !defined(CPUPIN_RELEASE_GIL)
 #undef Py_BEGIN_ALLOW_THREADS
 #undef Py_END_ALLOW_THREADS
 #define Py_BEGIN_ALLOW_THREADS {

@@ -5,6 +5,8 @@
 static const int CPUPIN_HAVE_AFFINITY;
 
 int cpupin_noop(void);
+/* 1 when the GIL is held inside a call (it is: see cpupin.c's end). */
+int cpupin_holds_gil(void);
 long cpupin_gettid(void);
 int cpupin_getcpu(void);
 

@@ -4,6 +4,7 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -62,22 +63,75 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
-def test_without_affinity_import_works_and_calls_raise_unsupportedplatform(tmp_path):
+def load_build():
     spec = importlib.util.spec_from_file_location("cpupin_build", ROOT / "csrc" / "build.py")
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
+    return build
+
+
+def run_variant(tmp_path, script, **options):
+    """Compile the extension with ``make_ffi(**options)`` beside a copy of the
+    package under tmp_path, and run ``script`` against it."""
     package = tmp_path / "cpupin"
     package.mkdir()
     for path in (ROOT / "cpupin").glob("*.py"):
         shutil.copy(path, package)
-    build.make_ffi(stubs=True).compile(tmpdir=str(tmp_path))
+    load_build().make_ffi(**options).compile(tmpdir=str(tmp_path))
     out = subprocess.run(
-        [sys.executable, "-c", STUB_SCRIPT],
+        [sys.executable, "-c", script],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         env={"PYTHONPATH": str(tmp_path)},
         check=False,
     )
-    assert out.stdout.strip() == "ok", out.stderr
+    return out.stdout.strip(), out.stderr
+
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+
+@needs_cc
+def test_without_affinity_import_works_and_calls_raise_unsupportedplatform(tmp_path):
+    out, err = run_variant(tmp_path, STUB_SCRIPT, stubs=True)
+    assert out == "ok", err
+
+
+GIL_SCRIPT = """
+import threading
+from cpupin import _native
+box = []
+t = threading.Thread(target=lambda: box.append(_native.holds_gil())); t.start(); t.join()
+print(_native.holds_gil(), box[0])
+"""
+
+
+def test_calls_keep_the_gil_in_every_thread():
+    """From inside a call: cffi's wrappers would drop the GIL; ours keep it."""
+    from cpupin import _native
+
+    box = []
+    t = threading.Thread(target=lambda: box.append(_native.holds_gil()))
+    t.start()
+    t.join()
+    assert _native.holds_gil() is True and box == [True]
+
+
+@needs_cc
+def test_the_gil_check_sees_a_build_that_drops_it(tmp_path):
+    """The control: built with cffi's default, the same check says False."""
+    out, err = run_variant(tmp_path, GIL_SCRIPT, release_gil=True)
+    assert out == "False False", err
+
+
+def test_the_redefinition_precedes_every_cffi_wrapper(tmp_path):
+    """cffi writes the set_source text first and its wrappers after it; the
+    macros that keep the GIL must be redefined before the first wrapper."""
+    path = tmp_path / "generated.c"
+    load_build().make_ffi().emit_c_code(str(path))
+    text = path.read_text()
+    redefined = text.index("#define Py_BEGIN_ALLOW_THREADS {")
+    first_wrapper = text.index("_cffi_f_cpupin_")
+    assert redefined < first_wrapper
+    assert text.count("#define Py_BEGIN_ALLOW_THREADS {") == 1
