@@ -1,13 +1,19 @@
-"""The cpupin command as a user runs it: exit codes, JSON and messages."""
+"""The cpupin command as a user runs it: exit codes, JSON and messages of
+topo, threads, plan, top, handoff and audit (exec: test_binding.py; doctor:
+test_measure.py; every flag fuzzed: test_cli_fuzz.py)."""
 
 import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
+import cpupin
 from cpupin.cli import main
+
+GPU7 = "0000:fa:00.0"  # the second GPU of node 3 on xeon6-b300
 
 
 def run(*args):
@@ -83,3 +89,186 @@ def test_threads_json_lists_this_process(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert os.getpid() in {row["tid"] for row in rows}
     assert {"tid", "name", "run_ns", "wait_ns", "last_cpu", "mask"} <= set(rows[0])
+
+
+# --- cpupin plan ---------------------------------------------------------
+
+
+def plan_json(*args, capsys):
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_all_gpus_of_the_dgx_h100_is_eight_disjoint_placements(capsys):
+    data = plan_json("--host", "dgx-h100", "--all-gpus", capsys=capsys)
+    assert set(data) == {"setting", "mask", "servers"}
+    assert data["setting"] == "auto" and data["mask"] == "0-223"
+    servers = data["servers"]
+    assert len(servers) == 8 and all(s["pinned"] for s in servers)
+    assert servers[0] == {
+        "devices": ["0000:18:00.0"],
+        "pinned": True,
+        "reason": servers[0]["reason"],
+        "workers": [{"device": "0000:18:00.0", "cpus": [0, 112]}],
+        "result_cpu": 55,
+    }
+    cpus = [set(w["cpus"]) | {s["result_cpu"]} for s in servers for w in s["workers"]]
+    assert sum(map(len, cpus)) == len(set().union(*cpus)) == 24
+
+
+def test_plan_of_one_server_with_a_split_config(capsys):
+    data = plan_json(
+        "--host",
+        "xeon6-b300",
+        "--mask",
+        "96-127,224-255",
+        "--gpu",
+        GPU7,
+        "--device",
+        "7",
+        capsys=capsys,
+    )
+    (server,) = data["servers"]
+    assert server["workers"] == [
+        {"device": GPU7, "cpus": [97, 225]},
+        {"device": GPU7, "cpus": [99, 227]},
+    ]
+
+
+def test_plan_that_pins_nothing_has_no_workers_and_a_null_result(capsys):
+    data = plan_json(
+        "--host", "xeon6-b300", "--mask", "32-39", "--gpu", "0000:17:00.0", capsys=capsys
+    )
+    (server,) = data["servers"]
+    assert server["pinned"] is False and server["workers"] == [] and server["result_cpu"] is None
+    assert "4 core(s) for 6 GPU(s), and each needs two" in server["reason"]
+
+
+def test_plan_ignores_the_environment_and_says_so(monkeypatch, capsys):
+    monkeypatch.setenv("CPUPIN_STEP_THREAD_CORE", "off")
+    monkeypatch.setenv("GOMP_CPU_AFFINITY", "0-3")
+    data = plan_json("--host", "dgx-h100", capsys=capsys)
+    assert all(s["pinned"] for s in data["servers"])
+    assert main(["plan", "--host", "dgx-h100", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "CPUPIN_STEP_THREAD_CORE" in err and "GOMP_CPU_AFFINITY" in err
+
+
+def test_plan_with_a_setting_that_fails_exits_2_with_its_message():
+    code = textwrap.dedent("""
+        import sys
+        from cpupin.cli import main
+        sys.exit(main(["plan", "--host", "xeon6-b300", "--mask", "96-103", "--setting", "101",
+                       "--gpu", "0000:e4:00.0", "--gpu", "0000:e4:00.0", "--gpu", "0000:fa:00.0"]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 2
+    assert "step_thread_core 101 leaves no allowed CPU for worker 2 in 96-103" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_plan_human_view_draws_the_cores_of_each_node(capsys):
+    assert main(["plan", "--host", "dgx-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "ABCD" in out and "dcba" in out and "no lock taken" in out
+
+
+# --- cpupin top and cpupin handoff ---------------------------------------
+
+two_cpus = pytest.mark.skipif(len(cpupin.process_cpus()) < 2, reason="needs two CPUs")
+
+
+def test_top_once_as_json(capsys):
+    assert main(["top", "self", "--count", "1", "--interval", "0.3", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and {"tid", "name", "cpu_ms_per_s", "wait_ms_per_s", "last_cpu", "mask"} <= set(
+        rows[0]
+    )
+
+
+@two_cpus
+def test_handoff_json_for_one_pair(capsys):
+    assert main(["handoff", "--cpus", "0,1", "--rounds", "200", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"cpus", "mode", "median_ns", "p99_ns", "rounds"} <= set(data)
+    assert data["cpus"] == [0, 1] and data["rounds"] == 200
+
+
+@two_cpus
+def test_handoff_matrix_json_with_progress(capsys):
+    assert main(["handoff", "--matrix", "--rounds", "100", "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    n = len(data["cpus"])
+    assert len(data["median_ns"]) == n and all(len(row) == n for row in data["median_ns"])
+    assert "pairs" in captured.err
+
+
+def test_handoff_matrix_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "m.png"
+    assert main(["handoff", "--matrix", "--rounds", "50", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["handoff", "--cpus", "0,0", "--spin"], "two different CPUs"),
+        (["handoff", "--cpus", "0,9999"], "outside the process mask"),
+        (["handoff", "--rounds", "0"], "--rounds 0"),
+        (["top", "nobody"], "'nobody' is not a pid"),
+        (["top", "self", "--interval", "0"], "--interval: '0' is not a number of seconds"),
+    ],
+)
+def test_bad_measurement_arguments_exit_2(args, says):
+    out = subprocess.run(
+        [sys.executable, "-m", "cpupin", *args], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
+
+
+# --- cpupin audit --------------------------------------------------------
+
+
+AUDITED = """
+import os, sys, threading
+release = threading.Event()
+def narrow():
+    try:
+        os.sched_setaffinity(0, {{{cpu}}})
+        print(threading.get_native_id(), flush=True)
+    except BaseException:
+        os._exit(1)  # never leave the test waiting on a child that cannot answer
+    release.wait()
+t = threading.Thread(target=narrow, name="narrowed")
+t.start()
+sys.stdin.readline()
+release.set(); t.join()
+print("gone", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_audit_fails_on_a_narrowed_thread_until_it_is_gone(capsys):
+    first = min(cpupin.process_cpus())
+    child = subprocess.Popen(
+        [sys.executable, "-c", AUDITED.format(cpu=first)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        tid = int(child.stdout.readline())
+        assert main(["audit", str(child.pid), "--fail-on-narrow"]) == 1
+        out = capsys.readouterr().out
+        assert f"({tid})" in out and "deliberate pin" in out
+        assert main(["audit", str(child.pid)]) == 0
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "gone"
+        capsys.readouterr()
+        assert main(["audit", str(child.pid), "--fail-on-narrow", "--json"]) == 0
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)

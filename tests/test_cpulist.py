@@ -1,3 +1,6 @@
+"""CPU lists and masks: strict parsing, the kernel's format, round trips past
+1,024 and 4,096 CPUs, and what a bad list says."""
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st

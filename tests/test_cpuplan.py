@@ -1,3 +1,6 @@
+"""The CPU plan: usable CPUs under a quota, the pinned CPUs left out, and pool
+sizes that never drop below one."""
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st

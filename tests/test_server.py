@@ -4,12 +4,10 @@ import json
 import logging
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from cpupin import PlanError, child_env, plan_server, resolve_devices
-from cpupin.cli import main
 from cpupin.hosts import HOSTS, build_tree, host_named
 
 GPU7 = "0000:fa:00.0"  # the second GPU of node 3 on xeon6-b300
@@ -139,82 +137,3 @@ def test_a_gpu_uuid_without_pynvml_says_what_to_install(monkeypatch):
 
 
 # --- cpupin plan ----------------------------------------------------------------
-
-
-def plan_json(*args, capsys):
-    assert main(["plan", *args, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def test_plan_all_gpus_of_the_dgx_h100_is_eight_disjoint_placements(capsys):
-    data = plan_json("--host", "dgx-h100", "--all-gpus", capsys=capsys)
-    assert set(data) == {"setting", "mask", "servers"}
-    assert data["setting"] == "auto" and data["mask"] == "0-223"
-    servers = data["servers"]
-    assert len(servers) == 8 and all(s["pinned"] for s in servers)
-    assert servers[0] == {
-        "devices": ["0000:18:00.0"],
-        "pinned": True,
-        "reason": servers[0]["reason"],
-        "workers": [{"device": "0000:18:00.0", "cpus": [0, 112]}],
-        "result_cpu": 55,
-    }
-    cpus = [set(w["cpus"]) | {s["result_cpu"]} for s in servers for w in s["workers"]]
-    assert sum(map(len, cpus)) == len(set().union(*cpus)) == 24
-
-
-def test_plan_of_one_server_with_a_split_config(capsys):
-    data = plan_json(
-        "--host",
-        "xeon6-b300",
-        "--mask",
-        "96-127,224-255",
-        "--gpu",
-        GPU7,
-        "--device",
-        "7",
-        capsys=capsys,
-    )
-    (server,) = data["servers"]
-    assert server["workers"] == [
-        {"device": GPU7, "cpus": [97, 225]},
-        {"device": GPU7, "cpus": [99, 227]},
-    ]
-
-
-def test_plan_that_pins_nothing_has_no_workers_and_a_null_result(capsys):
-    data = plan_json(
-        "--host", "xeon6-b300", "--mask", "32-39", "--gpu", "0000:17:00.0", capsys=capsys
-    )
-    (server,) = data["servers"]
-    assert server["pinned"] is False and server["workers"] == [] and server["result_cpu"] is None
-    assert "4 core(s) for 6 GPU(s), and each needs two" in server["reason"]
-
-
-def test_plan_ignores_the_environment_and_says_so(monkeypatch, capsys):
-    monkeypatch.setenv("CPUPIN_STEP_THREAD_CORE", "off")
-    monkeypatch.setenv("GOMP_CPU_AFFINITY", "0-3")
-    data = plan_json("--host", "dgx-h100", capsys=capsys)
-    assert all(s["pinned"] for s in data["servers"])
-    assert main(["plan", "--host", "dgx-h100", "--json"]) == 0
-    err = capsys.readouterr().err
-    assert "CPUPIN_STEP_THREAD_CORE" in err and "GOMP_CPU_AFFINITY" in err
-
-
-def test_plan_with_a_setting_that_fails_exits_2_with_its_message():
-    code = textwrap.dedent("""
-        import sys
-        from cpupin.cli import main
-        sys.exit(main(["plan", "--host", "xeon6-b300", "--mask", "96-103", "--setting", "101",
-                       "--gpu", "0000:e4:00.0", "--gpu", "0000:e4:00.0", "--gpu", "0000:fa:00.0"]))
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert out.returncode == 2
-    assert "step_thread_core 101 leaves no allowed CPU for worker 2 in 96-103" in out.stderr
-    assert "Traceback" not in out.stderr
-
-
-def test_plan_human_view_draws_the_cores_of_each_node(capsys):
-    assert main(["plan", "--host", "dgx-h100"]) == 0
-    out = capsys.readouterr().out
-    assert "ABCD" in out and "dcba" in out and "no lock taken" in out

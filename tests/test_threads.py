@@ -13,7 +13,6 @@ from concurrent.futures.thread import BrokenThreadPool
 import pytest
 
 import cpupin
-from cpupin.cli import main
 
 pytestmark = pytest.mark.skipif(len(cpupin.process_cpus()) < 2, reason="needs two CPUs")
 
@@ -283,49 +282,6 @@ def test_ten_thousand_threads_leave_no_garbage():
     tracemalloc.stop()
     assert len(gc.get_objects()) - before < 100
     assert current < 256 * 1024
-
-
-AUDITED = """
-import os, sys, threading
-release = threading.Event()
-def narrow():
-    try:
-        os.sched_setaffinity(0, {{{cpu}}})
-        print(threading.get_native_id(), flush=True)
-    except BaseException:
-        os._exit(1)  # never leave the test waiting on a child that cannot answer
-    release.wait()
-t = threading.Thread(target=narrow, name="narrowed")
-t.start()
-sys.stdin.readline()
-release.set(); t.join()
-print("gone", flush=True)
-sys.stdin.readline()
-"""
-
-
-def test_audit_fails_on_a_narrowed_thread_until_it_is_gone(capsys):
-    first = min(cpupin.process_cpus())
-    child = subprocess.Popen(
-        [sys.executable, "-c", AUDITED.format(cpu=first)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        tid = int(child.stdout.readline())
-        assert main(["audit", str(child.pid), "--fail-on-narrow"]) == 1
-        out = capsys.readouterr().out
-        assert f"({tid})" in out and "deliberate pin" in out
-        assert main(["audit", str(child.pid)]) == 0
-        child.stdin.write("\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "gone"
-        capsys.readouterr()
-        assert main(["audit", str(child.pid), "--fail-on-narrow", "--json"]) == 0
-    finally:
-        child.stdin.close()
-        child.wait(timeout=60)
 
 
 SPAWNED = """
