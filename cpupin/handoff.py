@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from . import _native
 from .cpulist import format_cpulist
 from .process import process_cpus
+from .threads import Thread, pin_current_thread
 from .topology import Host
 
 __all__ = ["HandoffResult", "handoff", "handoff_matrix", "handoff_python", "pair_kinds"]
@@ -127,7 +128,6 @@ def handoff_python(
 ) -> HandoffResult:
     """The same handoff between two :class:`cpupin.Thread` in Python, through
     ``threading.Event`` (``kind="event"``) or ``queue.SimpleQueue``."""
-    from .threads import Thread, pin_current_thread
 
     a, b = cpus
     _check_cpus(a, b)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from . import _native
 from .cpulist import format_cpulist, parse_cpulist
 from .process import ENV_PROCESS_CPUS, process_cpus, start_time, thread_masks
+from .threads import pinned_threads
 
 __all__ = ["Audit", "Sampler", "ThreadSample", "audit", "process_mask_of", "sample_threads"]
 
@@ -114,8 +115,6 @@ class Sampler:
         own = pid is None or pid == os.getpid()
         masks = {st.tid: cpus for st, cpus in threads}
         if own:
-            from .threads import pinned_threads
-
             mask, pins = process_cpus(), pinned_threads()
         else:
             mask, _ = process_mask_of(pid or 0, list(masks.values()))

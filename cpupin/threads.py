@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import _native
+from .cgroup import read_cgroup_cpuset
 from .cpulist import format_cpulist
 from .process import process_cpus, set_process_cpus, start_time, thread_masks
 
@@ -113,7 +114,6 @@ def refresh_process_cpus() -> frozenset[int]:
             return set_process_cpus(_native.get_affinity(pid))
         except (ProcessLookupError, ValueError):
             pass  # the main thread has exited, or its mask is not online
-    from .cgroup import read_cgroup_cpuset
 
     online = _native.online_cpus(refresh=True)
     allowed = (read_cgroup_cpuset("/") or online) & online

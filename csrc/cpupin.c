@@ -1,6 +1,16 @@
 /* The C layer of cpupin: thin wrappers over the kernel calls that Python
  * cannot make cheaply. Each returns 0 (or a count) or -errno; policy,
- * validation and messages live in cpupin/_native.py. */
+ * validation and messages live in cpupin/_native.py. One file, one cdef
+ * (cpupin.h), in sections:
+ *
+ *   the GIL          who drops it (the calls keep it; see the last section)
+ *   affinity         tids, getcpu, CPU sets of any size, the mask check
+ *   memory policy    set_mempolicy and get_mempolicy
+ *   files under a root  openat2(RESOLVE_IN_ROOT), type-checked opens
+ *   tasks            schedstat, comm and stat of every task of a process
+ *   handoff          the benchmark: two threads passing a token
+ *   stubs            the same functions where there is no affinity
+ *   keeping the GIL  the redefinition of cffi's macros, before its wrappers */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
@@ -24,6 +34,8 @@
 #endif
 
 typedef struct cpupin_tasks cpupin_tasks;
+
+/* --- the GIL -------------------------------------------------------------- */
 
 /* Whether a call drops the GIL is decided here, per function, not by cffi:
  * see the end of this file. Only the long read of every task drops it. */
@@ -49,6 +61,8 @@ int cpupin_holds_gil(void)
 }
 
 #if CPUPIN_HAVE_AFFINITY
+
+/* --- affinity --------------------------------------------------------------- */
 
 long cpupin_gettid(void) { return (long)syscall(SYS_gettid); }
 
@@ -293,7 +307,7 @@ int cpupin_open_in_root(int rootfd, const char *path, int want_dir, unsigned int
     return fd;
 }
 
-/* --- every task of one process ------------------------------------------ */
+/* --- tasks: every task of one process --------------------------------------- */
 
 enum { F_SCHED, F_COMM, F_STAT, NFILES };
 static const char *const file_names[NFILES] = {"schedstat", "comm", "stat"};
@@ -609,7 +623,7 @@ int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
 }
 
 
-/* --- the handoff benchmark ---------------------------------------------- */
+/* --- handoff: the benchmark ---------------------------------------------------- */
 
 struct handoff {
     int turn __attribute__((aligned(64))); /* 0: A holds the token, 1: B does */
@@ -757,7 +771,7 @@ int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, in
     return rc;
 }
 
-#else /* no thread affinity: stubs, so that the package still imports */
+#else /* --- stubs: no thread affinity, so that the package still imports ------ */
 
 long cpupin_gettid(void) { return -ENOSYS; }
 int cpupin_getcpu(void) { return -ENOSYS; }
@@ -790,12 +804,17 @@ int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
 
 #endif
 
+/* --- keeping the GIL ------------------------------------------------------- */
+
 /* cffi wraps every call in Py_BEGIN_ALLOW_THREADS ... Py_END_ALLOW_THREADS,
  * whose wrappers follow this text. Dropping the GIL costs the caller the wait
  * to get it back: with one other Python thread busy, a 300 ns affinity call
  * took 560 us on average (bench/RESULTS.md). So the calls keep the GIL, as
  * os.sched_setaffinity does, and cpupin_tasks_read, which takes hundreds of
- * microseconds, drops it itself. */
+ * microseconds, drops it itself. tests/test_contracts.py checks from inside
+ * a call (cpupin_holds_gil) that this took, against a build with
+ * CPUPIN_RELEASE_GIL (cffi's default), and that it precedes every wrapper
+ * in the generated source. */
 #if defined(Py_PYTHON_H) && !defined(CPUPIN_RELEASE_GIL)
 #undef Py_BEGIN_ALLOW_THREADS
 #undef Py_END_ALLOW_THREADS

@@ -1,5 +1,6 @@
 """Which functions exist and what they do where thread affinity is missing."""
 
+import ast
 import importlib.util
 import shutil
 import subprocess
@@ -135,3 +136,48 @@ def test_the_redefinition_precedes_every_cffi_wrapper(tmp_path):
     first_wrapper = text.index("_cffi_f_cpupin_")
     assert redefined < first_wrapper
     assert text.count("#define Py_BEGIN_ALLOW_THREADS {") == 1
+
+
+def _imports(path):
+    """The cpupin modules a file imports, anywhere in it (top or function)."""
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                if node.module:
+                    out.add(".".join((*base, node.module)))
+                else:
+                    out.update(".".join((*base, alias.name)) for alias in node.names)
+            elif node.module and node.module.startswith("cpupin"):
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("cpupin"))
+    return out
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    modules = {}
+    for path in (ROOT / "cpupin").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    graph = {}
+    for name, path in modules.items():
+        # "from cpupin import x" names a module x or a name in __init__.
+        deps = set()
+        for dep in _imports(path):
+            deps.add(dep if dep in modules else dep.rsplit(".", 1)[0])
+        graph[name] = {d for d in deps if d in modules and d != name and d != "cpupin"}
+
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for dep in graph[todo.pop()]:
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    assert {name for name in graph if name in reach(name)} == set()
+    assert "cpupin.cgroup" not in graph["cpupin.cgroup"] and graph["cpupin.cli.topo"]

@@ -67,6 +67,8 @@ _MATRIX_ROUNDS = 10_000_000
 
 def _need_matplotlib() -> None:
     try:
+        # matplotlib is an optional extra, imported only by --plot: it costs
+        # about 300 ms and is not installed by default.
         import matplotlib  # noqa: F401
     except ImportError:
         raise ValueError("--plot needs matplotlib: pip install 'cpupin[plot]'") from None
