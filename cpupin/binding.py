@@ -48,7 +48,7 @@ from . import _native
 from ._sysfs import Reader
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import PlanError, excerpt
-from .process import process_cpus, set_process_cpus
+from .process import process_cpus, set_process_cpus, thread_masks
 from .server import resolve_devices
 from .topology import Host, read_host
 
@@ -298,11 +298,11 @@ def _move_every_thread(cpus: frozenset[int]) -> None:
     is undone and raised."""
     moved: list[tuple[int, frozenset[int]]] = []
     try:
-        for st in _native.thread_stats():
+        for st, before in thread_masks():
+            if before == cpus:
+                continue
             try:
-                before = _native.get_affinity(st.tid)
-                if before != cpus:
-                    _native.set_affinity(cpus, st.tid)
+                _native.set_affinity(cpus, st.tid)
             except ProcessLookupError:
                 continue  # exited meanwhile
             moved.append((st.tid, before))

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import PlanError, excerpt
 from cpupin.placement import Placement, parse_setting, place
-from cpupin.server import OPENMP_AFFINITY_VARS
+from cpupin.server import OPENMP_AFFINITY_VARS, resolve_devices
 from cpupin.topology import Host, parse_pci_address
 
 from . import _args
@@ -61,17 +61,17 @@ def _tag(kind: str) -> Callable[[str], tuple[str, str]]:
 
 
 def _device(kind: str, text: str, host: Host) -> str:
+    """A worker's device: a PCI address, or an index counting the host's GPUs
+    in PCI order (the dry run ignores ``CUDA_VISIBLE_DEVICES``)."""
     if kind == "gpu":
         return parse_pci_address(text)
-    if not (text.isascii() and text.isdigit()):
+    if not (text.isascii() and text.isdigit() and len(text) <= 6):
         raise PlanError(f"--device {excerpt(text)} is not a device index")
-    index = int(text)
-    if index >= len(host.gpus):
-        raise PlanError(
-            f"--device {index} is past the host's {len(host.gpus)} GPU(s) (indexes "
-            "count them in PCI order)"
-        )
-    return host.gpus[index].address
+    try:
+        (address,) = resolve_devices([int(text)], host, environ={})
+    except PlanError as exc:
+        raise PlanError(f"--device: {exc} (indexes count them in PCI order)") from None
+    return address
 
 
 def run(args: argparse.Namespace) -> int:
