@@ -583,6 +583,19 @@ def get_mempolicy() -> tuple[int, frozenset[int]]:
     return int(mode[0]), frozenset(nodes)
 
 
+#: The longest kernel thread name, in bytes (TASK_COMM_LEN less the NUL).
+THREAD_NAME_BYTES = 15
+
+
+def set_thread_name(name: str) -> int:
+    """Give the calling thread the kernel name ``name`` (what ``top -H``,
+    ``ps -L``, ``perf`` and ``py-spy`` show), cut to 15 bytes of UTF-8 on a
+    character boundary: 0, or ``-errno``."""
+    raw = name.encode("utf-8", "replace")[:THREAD_NAME_BYTES]
+    raw = raw.decode("utf-8", "ignore").encode("utf-8").replace(b"\0", b"?")
+    return int(lib.cpupin_set_thread_name(raw))
+
+
 def holds_gil() -> bool:
     """Whether a call into the extension runs with the GIL held (it should:
     see the module docstring). A check for the tests."""

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from . import _native
 from .cgroup import read_cgroup_cpuset
 from .cpulist import format_cpulist
+from .errors import excerpt
 from .process import process_cpus, set_process_cpus, start_time, thread_masks
 
 log = logging.getLogger("cpupin")
@@ -130,6 +131,12 @@ class Thread(threading.Thread):
     never calls ``super().run()``, a mixin's ``run``, or a ``run`` assigned on
     the instance. A direct ``t.run()`` call runs on the caller's thread and
     mask, as it would with ``threading.Thread``.
+
+    The new thread also takes :attr:`name` as its kernel name (the first 15
+    bytes), so that ``top -H``, ``ps -L``, ``perf``, ``py-spy`` and
+    ``cpupin top`` show it; Python before 3.14 leaves every thread named
+    after the process. :class:`ThreadPool` workers are named the same way,
+    from ``thread_name_prefix``.
     """
 
     def start(self) -> None:
@@ -139,8 +146,11 @@ class Thread(threading.Thread):
         def restore() -> None:
             # Drop the wrapper (and with it the reference to self), as
             # Thread.run drops its target; an instance's own run comes back.
+            # A run assigned while the thread ran is kept, as in threading.
+            if self.__dict__.get("run") is not run_on_process_mask:
+                return
             if own is None:
-                self.__dict__.pop("run", None)
+                del self.__dict__["run"]
             else:
                 self.__dict__["run"] = own
 
@@ -148,6 +158,8 @@ class Thread(threading.Thread):
             try:
                 if get_ident() == self.ident:  # not a direct run() from another thread
                     to_process_mask()
+                    if _NAME_THREADS:
+                        _native.set_thread_name(self.name)
                 run()
             finally:
                 restore()
@@ -160,6 +172,10 @@ class Thread(threading.Thread):
             raise
 
 
+#: Whether cpupin names its threads in the kernel: CPython does from 3.14 on.
+_NAME_THREADS = sys.version_info < (3, 14)
+
+
 class _Initializer:
     """A pool's initializer: the move to the process mask, then the user's."""
 
@@ -170,6 +186,8 @@ class _Initializer:
 
     def __call__(self, *args: object) -> None:
         to_process_mask()
+        if _NAME_THREADS:
+            _native.set_thread_name(threading.current_thread().name)
         if self.user is not None:
             self.user(*args)
 
@@ -190,6 +208,8 @@ class ThreadPool(ThreadPoolExecutor):
         initargs: tuple[Any, ...] = (),
         **kwargs: Any,
     ) -> None:
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
         super().__init__(
             max_workers, thread_name_prefix, _Initializer(initializer), initargs, **kwargs
         )
@@ -286,11 +306,15 @@ def _checked(cpus: Iterable[int] | str) -> frozenset[int]:
     return wanted
 
 
-def pin_current_thread(cpus: Iterable[int] | str) -> Pin:
+def pin_current_thread(cpus: Iterable[int] | str, name: str | None = None) -> Pin:
     """Pin the calling thread to ``cpus`` (within the process mask) and
     register the pin, so that :func:`stray_threads` knows it is deliberate.
-    Affects the calling thread only."""
+    Affects the calling thread only. ``name``, when given, becomes its
+    kernel name (15 bytes at most; never given by default, since naming the
+    main thread renames the process in ``ps``)."""
     wanted = _checked(cpus)
+    if name is not None:
+        _name_current_thread(name)
     tid = _native.gettid()
     previous = _native.get_affinity()
     _native.set_affinity(wanted)
@@ -299,7 +323,16 @@ def pin_current_thread(cpus: Iterable[int] | str) -> Pin:
     return Pin(tid, wanted, previous, _started=start_time(0, tid))
 
 
-def pin_step_thread(cpus: Iterable[int] | str) -> Pin:
+def _name_current_thread(name: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name={excerpt(name)}: give a thread name such as 'gpu-loop'")
+    threading.current_thread().name = name
+    rc = _native.set_thread_name(name)
+    if rc < 0:
+        _native.raise_oserror(rc, "naming the calling thread")
+
+
+def pin_step_thread(cpus: Iterable[int] | str, name: str | None = None) -> Pin:
     """Pin a worker's main, GPU or plan thread to ``cpus``, its pools first.
 
     Moves the calling thread to the process mask, warms the intra-op pools
@@ -307,13 +340,14 @@ def pin_step_thread(cpus: Iterable[int] | str) -> Pin:
     is imported, with one small parallel op sized to
     ``torch.get_num_threads()``; others through :func:`register_warmup`),
     then pins the calling thread and registers the pin. Validates ``cpus``
-    against the process mask first. Affects the calling thread only.
+    against the process mask first. Affects the calling thread only;
+    ``name`` as for :func:`pin_current_thread`.
     """
     wanted = _checked(cpus)
     previous = _native.get_affinity()
     to_process_mask()
     _warm_up()
-    pin = pin_current_thread(wanted)
+    pin = pin_current_thread(wanted, name)
     pin.previous = previous
     return pin
 

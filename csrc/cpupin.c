@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <linux/futex.h>
 #include <sys/stat.h>
@@ -203,6 +204,13 @@ int cpupin_schedstat(int pid, int tid, unsigned long long *out3)
     close(fd);
     buf[len] = '\0';
     return parse_schedstat(buf, out3);
+}
+
+/* The calling thread's kernel name (comm, what top -H, ps -L, perf and
+ * py-spy show): at most 15 bytes, cut by the caller. */
+int cpupin_set_thread_name(const char *name)
+{
+    return prctl(PR_SET_NAME, (unsigned long)name, 0UL, 0UL, 0UL) == 0 ? 0 : -errno;
 }
 
 /* --- memory policy -------------------------------------------------------- */
@@ -789,6 +797,7 @@ int cpupin_open_in_root(int rootfd, const char *path, int want_dir, unsigned int
     return -ENOSYS;
 }
 int cpupin_set_mempolicy(int mode, const uint64_t *nodes, int nwords) { return -ENOSYS; }
+int cpupin_set_thread_name(const char *name) { return -ENOSYS; }
 int cpupin_get_mempolicy(int *mode, uint64_t *nodes, int nwords) { return -ENOSYS; }
 cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err)
 {

@@ -26,6 +26,9 @@ int cpupin_mask_is(const uint64_t *want);
 /* One task's /proc/<pid>/task/<tid>/schedstat; tid 0 is the calling thread. */
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3);
 
+/* The calling thread's kernel name (prctl PR_SET_NAME; 15 bytes at most). */
+int cpupin_set_thread_name(const char *name);
+
 /* The calling thread's memory policy (set_mempolicy/get_mempolicy): mode
  * and a node mask of nwords 64-bit words (node i in word i/64, at most 256
  * words; 0 words: no mask). Return 0 or -errno. */

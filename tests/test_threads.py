@@ -3,9 +3,11 @@ real threads on this machine's CPUs."""
 
 import gc
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.thread import BrokenThreadPool
@@ -13,6 +15,8 @@ from concurrent.futures.thread import BrokenThreadPool
 import pytest
 
 import cpupin
+
+from .helpers import proc_comm
 
 pytestmark = pytest.mark.skipif(len(cpupin.process_cpus()) < 2, reason="needs two CPUs")
 
@@ -378,3 +382,191 @@ def test_without_the_warm_up_torchs_pool_lands_on_the_pinned_cpu():
     """The control: the test above fails if the warm-up is removed."""
     threads, alone = run_torch("cold")
     assert threads >= 2 and alone >= 1
+
+
+# --- drop-in: CPython's own suites with cpupin's classes substituted --------
+
+THREADING_SUITE = """
+import threading, unittest
+import cpupin
+threading.Thread = cpupin.Thread
+from test import test_threading
+suite = unittest.defaultTestLoader.loadTestsFromModule(test_threading)
+result = unittest.TextTestRunner(verbosity=0).run(suite)
+print()
+print("RAN", result.testsRun)
+print("FAILED", *sorted(t.id().rsplit(".", 1)[1] for t, _ in result.failures + result.errors))
+"""
+
+POOL_SUITE = """
+import importlib.util, sys, unittest
+import concurrent.futures, concurrent.futures.thread
+import cpupin
+concurrent.futures.ThreadPoolExecutor = cpupin.ThreadPool
+concurrent.futures.thread.ThreadPoolExecutor = cpupin.ThreadPool
+spec = importlib.util.spec_from_file_location("test_concurrent_futures", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+sys.modules["test_concurrent_futures"] = mod
+spec.loader.exec_module(mod)
+load = unittest.defaultTestLoader.loadTestsFromTestCase
+names = [n for n in dir(mod) if n.startswith("ThreadPool") and n.endswith(("Test", "Tests"))]
+suite = unittest.TestSuite(load(getattr(mod, n)) for n in names)
+result = unittest.TextTestRunner(verbosity=0).run(suite)
+print()
+print("RAN", result.testsRun)
+print("FAILED", *sorted(t.id().rsplit(".", 1)[1] for t, _ in result.failures + result.errors))
+"""
+
+
+def suite_result(script, *args):
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300
+    )
+    # unittest's own progress may share the line: find the two markers.
+    ran = re.search(r"RAN (\d+)", out.stdout)
+    failed = re.search(r"^FAILED(.*)$", out.stdout, re.MULTILINE)
+    assert ran and failed, out.stdout[-2000:] + out.stderr[-2000:]
+    return int(ran.group(1)), set(failed.group(1).split()), out.stderr[-3000:]
+
+
+def test_cpython_test_threading_passes_with_cpupin_thread():
+    ran, failed, err = suite_result(THREADING_SUITE)
+    assert ran > 150, err
+    # The one test that checks threading.__all__ against the module's names.
+    assert failed <= {"test__all__"}, err
+
+
+def _pool_suite_path():
+    import sysconfig
+
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for folder in (sysconfig.get_paths()["stdlib"] + "/test", f"/usr/lib/{version}/test"):
+        path = os.path.join(folder, "test_concurrent_futures.py")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def test_cpython_thread_pool_tests_pass_with_cpupin_threadpool():
+    path = _pool_suite_path()
+    if path is None:
+        pytest.skip(
+            "CPython's test_concurrent_futures.py is not installed "
+            "(apt-get install libpython3.11-testsuite; .ci/run does)"
+        )
+    ran, failed, err = suite_result(POOL_SUITE, path)
+    assert ran > 30, err
+    # These start a fresh interpreter with -I (the standard library's class,
+    # not cpupin's) that imports test.test_concurrent_futures, which a Python
+    # whose own test package lacks it cannot.
+    fresh_interpreter = {
+        "test_cancel_futures_wait_false",
+        "test_hang_gh83386",
+        "test_interpreter_shutdown",
+        "test_submit_after_interpreter_shutdown",
+    }
+    assert failed <= fresh_interpreter, err
+
+
+def test_threadpool_refuses_an_initializer_that_is_not_callable():
+    with pytest.raises(TypeError, match="initializer must be a callable"):
+        cpupin.ThreadPool(initializer=42)
+
+
+def test_a_run_assigned_while_the_thread_runs_is_kept_as_in_threading():
+    for cls in (threading.Thread, cpupin.Thread):
+        started, go = threading.Event(), threading.Event()
+        t = cls(target=lambda started=started, go=go: (started.set(), go.wait()))
+        t.start()
+        started.wait()
+
+        def replacement():
+            pass
+
+        t.run = replacement
+        go.set()
+        t.join()
+        assert t.run is replacement, cls
+
+
+def test_a_traceback_shows_one_frame_more_than_threading(capsys):
+    def fail():
+        raise RuntimeError("boom")
+
+    frames = {}
+    for cls in (threading.Thread, cpupin.Thread):
+        seen = []
+        old = threading.excepthook
+        threading.excepthook = lambda args, seen=seen: seen.append(args.exc_traceback)
+        try:
+            t = cls(target=fail)
+            t.start()
+            t.join()
+        finally:
+            threading.excepthook = old
+        tb, count = seen[0], 0
+        while tb is not None:
+            count += 1
+            tb = tb.tb_next
+        frames[cls] = count
+    assert frames[cpupin.Thread] - frames[threading.Thread] <= 1
+
+
+# --- names the kernel shows ------------------------------------------------
+
+
+def test_threads_and_pool_workers_carry_their_names_in_the_kernel():
+    box = {}
+
+    def record(key):
+        box[key] = (threading.get_native_id(), threading.current_thread().name)
+
+    t = cpupin.Thread(target=record, args=("thread",), name="gpu-loop-worker-0")
+    t.start()
+    t.join()
+    with cpupin.ThreadPool(1, thread_name_prefix="plan") as pool:
+        pool.submit(lambda: (record("pool"), time.sleep(0.0))).result()
+        tid = box["pool"][0]
+        assert proc_comm(tid) == box["pool"][1][:15] == "plan_0"
+    # The thread is gone once joined; its name was checked from inside too.
+    assert box["thread"][1] == "gpu-loop-worker-0"
+
+
+def test_a_thread_names_itself_in_proc_while_it_runs():
+    ready, done = threading.Event(), threading.Event()
+    box = []
+
+    def body():
+        box.append(threading.get_native_id())
+        ready.set()
+        done.wait()
+
+    t = cpupin.Thread(target=body, name="encoder-ü-long-name")
+    t.start()
+    ready.wait()
+    try:
+        name = proc_comm(box[0])
+        assert name == "encoder-ü-long" and len(name.encode()) <= 15  # cut on a character
+    finally:
+        done.set()
+        t.join()
+
+
+def test_pins_name_the_thread_when_asked_and_never_the_main_thread_by_default():
+    before = proc_comm(os.getpid())
+    box = []
+
+    def body():
+        pin = cpupin.pin_current_thread(cpupin.process_cpus(), name="step-main")
+        box.append((threading.get_native_id(), proc_comm(threading.get_native_id())))
+        pin.release()
+
+    t = threading.Thread(target=body)  # a thread cpupin did not start
+    t.start()
+    t.join()
+    assert box[0][1] == "step-main"
+    pin = cpupin.pin_current_thread(cpupin.process_cpus())
+    pin.release()
+    assert proc_comm(os.getpid()) == before
+    with pytest.raises(ValueError, match="thread name"):
+        cpupin.pin_current_thread(cpupin.process_cpus(), name="")
