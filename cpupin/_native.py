@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple, NoReturn
 
 from ._cpupin import ffi, lib
-from .cpulist import MAX_CPUS, as_cpu, format_cpulist, parse_cpulist
+from .cpulist import MAX_CPUS, as_cpu, cpus_phrase, format_cpulist, parse_cpulist
 from .errors import UnsupportedPlatform, excerpt
 
 __all__ = [
@@ -292,7 +292,7 @@ def _encode(cpus: frozenset[int], tid: int) -> tuple[list[int], object]:
         offline = cpus - online
         if offline:
             raise ValueError(
-                f"CPU {format_cpulist(offline)} is not online: the online CPUs are "
+                f"{cpus_phrase(offline, 'is')} not online: the online CPUs are "
                 f"{format_cpulist(online)}"
             )
     # Wide enough for the kernel (_nwords) and for the highest CPU asked.
@@ -367,7 +367,7 @@ def _set_affinity_slow(wanted: frozenset[int], tid: int, rc: int, io: object) ->
             set_affinity(wanted, tid)
             return
         raise ValueError(
-            f"none of CPU {format_cpulist(wanted)} is in this process's cpuset, so "
+            f"none of {cpus_phrase(wanted)} is in this process's cpuset, so "
             f"{_who(tid)} cannot run there: use CPUs this process may run on "
             "(cpupin.process_cpus())"
         )
@@ -375,7 +375,7 @@ def _set_affinity_slow(wanted: frozenset[int], tid: int, rc: int, io: object) ->
         raise_oserror(rc, _who(tid))
     got = _key_set(io[2] if rc == 1 else tuple(io[2 : 2 + rc]))  # type: ignore[index]
     raise ValueError(
-        f"the kernel dropped CPU {format_cpulist(wanted - got)} from the mask of "
+        f"the kernel dropped {cpus_phrase(wanted - got)} from the mask of "
         f"{_who(tid)} (outside this process's cpuset); the thread now runs on "
         f"{format_cpulist(got)}: pin to CPUs of cpupin.process_cpus()"
     )

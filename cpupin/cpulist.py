@@ -12,7 +12,14 @@ from collections.abc import Iterable
 
 from .errors import excerpt
 
-__all__ = ["MAX_CPUS", "as_cpu", "format_cpulist", "parse_cpulist", "parse_cpumask"]
+__all__ = [
+    "MAX_CPUS",
+    "as_cpu",
+    "cpus_phrase",
+    "format_cpulist",
+    "parse_cpulist",
+    "parse_cpumask",
+]
 
 #: One past the highest CPU number accepted. Linux allows at most 8192 CPUs
 #: today; the bound keeps a typo such as ``0-4000000000`` from building a
@@ -163,3 +170,16 @@ def as_cpu(value: object) -> int:
 
 def _checked(cpus: Iterable[int]) -> Iterable[int]:
     return map(as_cpu, cpus)
+
+
+def cpus_phrase(cpus: Iterable[int], verb: str = "") -> str:
+    """CPUs as a sentence names them: ``CPU 5 is``, ``CPUs 2 and 130 are``,
+    ``CPUs 0-3, 8 and 10 are`` (with ``verb`` "is": the verb agrees)."""
+    runs = format_cpulist(cpus).split(",")
+    many = len(runs) > 1 or "-" in runs[0]
+    text = ("CPUs " if many else "CPU ") + (
+        runs[0] if len(runs) == 1 else ", ".join(runs[:-1]) + " and " + runs[-1]
+    )
+    if verb == "is":
+        text += " are" if many else " is"
+    return text

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable
 
 from . import _native
-from .cpulist import format_cpulist, parse_cpulist
+from .cpulist import cpus_phrase, format_cpulist, parse_cpulist
 from .errors import excerpt
 
 log = logging.getLogger("cpupin")
@@ -83,7 +83,7 @@ def set_process_cpus(cpus: Iterable[int] | str) -> frozenset[int]:
     online = _native.online_cpus(refresh=True)
     if not wanted <= online:
         raise ValueError(
-            f"CPU {format_cpulist(wanted - online)} is not online: the online CPUs are "
+            f"{cpus_phrase(wanted - online, 'is')} not online: the online CPUs are "
             f"{format_cpulist(online)}"
         )
     global _process_cpus

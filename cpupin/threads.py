@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from . import _native
 from .cgroup import read_cgroup_cpuset
-from .cpulist import format_cpulist
+from .cpulist import cpus_phrase, format_cpulist
 from .errors import excerpt
 from .process import process_cpus, set_process_cpus, start_time, thread_masks
 
@@ -300,7 +300,7 @@ def _checked(cpus: Iterable[int] | str) -> frozenset[int]:
         )
     if not wanted <= mask:
         raise ValueError(
-            f"CPU {format_cpulist(wanted - mask)} is outside the process mask "
+            f"{cpus_phrase(wanted - mask, 'is')} outside the process mask "
             f"{format_cpulist(mask)}: pin to CPUs of cpupin.process_cpus()"
         )
     return wanted

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ._sysfs import Reader
 from .cgroup import Quota, read_cgroup
-from .cpulist import MAX_CPUS, format_cpulist
+from .cpulist import MAX_CPUS, cpus_phrase, format_cpulist
 from .errors import excerpt
 
 __all__ = [
@@ -348,7 +348,7 @@ def _nodes(r: Reader, online: frozenset[int]) -> tuple[Node, ...]:
             claimed[cpu] = node.id
     homeless = online - claimed.keys()
     if homeless:
-        r.reasons.append(f"CPU {format_cpulist(homeless)} is in no NUMA node")
+        r.reasons.append(f"{cpus_phrase(homeless, 'is')} in no NUMA node")
     return tuple(nodes)
 
 

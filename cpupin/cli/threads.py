@@ -59,7 +59,8 @@ def run_audit(args: argparse.Namespace) -> int:
     else:
         mask = report.process_mask
         print(
-            f"pid {args.pid}: {report.threads} threads; process mask {format_cpulist(mask)} "
+            f"pid {args.pid}: {_count(report.threads, 'thread')}; process mask "
+            f"{format_cpulist(mask)} "
             f"({report.process_mask_from})"
         )
         print(f"  {len(report.groups.get(mask, []))} thread(s) on the process mask")
@@ -72,3 +73,7 @@ def run_audit(args: argparse.Namespace) -> int:
                 "process, cpupin.stray_threads() tells them apart."
             )
     return 1 if narrow and args.fail_on_narrow else 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
