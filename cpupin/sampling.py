@@ -47,7 +47,8 @@ class ThreadSample:
             "cpu_ms_per_s": round(self.cpu_ms_per_s, 2),
             "wait_ms_per_s": round(self.wait_ms_per_s, 2),
             "last_cpu": self.last_cpu,
-            "mask": format_cpulist(self.mask),
+            "mask": sorted(self.mask),
+            "mask_list": format_cpulist(self.mask),
             "state": self.state,
         }
 
@@ -184,11 +185,13 @@ class Audit:
     def as_dict(self) -> dict[str, object]:
         return {
             "pid": self.pid,
-            "process_mask": format_cpulist(self.process_mask),
+            "process_mask": sorted(self.process_mask),
+            "process_mask_list": format_cpulist(self.process_mask),
             "process_mask_from": self.process_mask_from,
             "groups": [
                 {
-                    "mask": format_cpulist(cpus),
+                    "mask": sorted(cpus),
+                    "mask_list": format_cpulist(cpus),
                     "narrower": cpus != self.process_mask,
                     "threads": [{"tid": tid, "name": name} for tid, name in members],
                 }

@@ -19,7 +19,7 @@ from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
 from .errors import PlanError
 from .lock import Claim, claim_gpus
-from .placement import ENV_SETTING, Placement, parse_setting, place
+from .placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
 from .process import ENV_PROCESS_CPUS, process_cpus
 from .topology import Host, parse_pci_address, read_host
 
@@ -173,7 +173,7 @@ def plan_server(
     :meth:`ServerPlan.child_env` then turns its workers' setting off.
     """
     env = os.environ if environ is None else environ
-    value = parse_setting(env.get(ENV_SETTING) if setting is None else setting)
+    value = setting_from_env(env) if setting is None else parse_setting(setting)
     host = read_host(root)
     allowed = (frozenset(mask) if mask is not None else process_cpus()) & host.cpus
     # Under a CPU number, or on a host without GPUs, the devices are only

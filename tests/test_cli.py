@@ -4,6 +4,7 @@ test_measure.py; every flag fuzzed: test_cli_fuzz.py)."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -86,9 +87,30 @@ def test_bad_arguments_exit_2_with_a_message(args, says):
 
 def test_threads_json_lists_this_process(capsys):
     assert main(["threads", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    data = json.loads(capsys.readouterr().out)
+    assert data["pid"] == os.getpid() and data["process_mask"] == sorted(cpupin.process_cpus())
+    rows = data["threads"]
     assert os.getpid() in {row["tid"] for row in rows}
-    assert {"tid", "name", "run_ns", "wait_ns", "last_cpu", "mask"} <= set(rows[0])
+    assert {"tid", "name", "run_ns", "wait_ns", "last_cpu", "mask", "mask_list"} <= set(rows[0])
+    assert rows[0]["mask"] == sorted(os.sched_getaffinity(rows[0]["tid"]))
+
+
+def test_threads_of_another_process_shows_its_mask_not_ours(capsys, two_cpus):
+    child = subprocess.Popen(
+        ["taskset", "-c", str(two_cpus[1]), "sleep", "30"]
+        if os.path.exists("/usr/bin/taskset")
+        else [sys.executable, "-c", "import time; time.sleep(30)"]
+    )
+    try:
+        os.sched_setaffinity(child.pid, {two_cpus[1]})
+        assert main(["threads", str(child.pid)]) == 0
+        out = capsys.readouterr().out
+        head, columns, row = out.splitlines()[:3]
+        assert f"pid {child.pid}: 1 thread; process mask {two_cpus[1]}" in head
+        assert columns.split()[-1] == "mask" and row.split()[-1] == str(two_cpus[1])
+    finally:
+        child.kill()
+        child.wait()
 
 
 # --- cpupin plan ---------------------------------------------------------
@@ -100,9 +122,10 @@ def plan_json(*args, capsys):
 
 
 def test_plan_all_gpus_of_the_dgx_h100_is_eight_disjoint_placements(capsys):
-    data = plan_json("--host", "dgx-h100", "--all-gpus", capsys=capsys)
-    assert set(data) == {"setting", "mask", "servers"}
-    assert data["setting"] == "auto" and data["mask"] == "0-223"
+    data = plan_json("--host", "dgx-h100", "--all-gpus", "--setting", "auto", capsys=capsys)
+    assert set(data) == {"setting", "mask", "mask_list", "servers"}
+    assert data["setting"] == "auto" and data["mask_list"] == "0-223"
+    assert data["mask"] == list(range(224))
     servers = data["servers"]
     assert len(servers) == 8 and all(s["pinned"] for s in servers)
     assert servers[0] == {
@@ -120,6 +143,8 @@ def test_plan_of_one_server_with_a_split_config(capsys):
     data = plan_json(
         "--host",
         "xeon6-b300",
+        "--setting",
+        "auto",
         "--mask",
         "96-127,224-255",
         "--gpu",
@@ -137,21 +162,44 @@ def test_plan_of_one_server_with_a_split_config(capsys):
 
 def test_plan_that_pins_nothing_has_no_workers_and_a_null_result(capsys):
     data = plan_json(
-        "--host", "xeon6-b300", "--mask", "32-39", "--gpu", "0000:17:00.0", capsys=capsys
+        "--host",
+        "xeon6-b300",
+        "--setting",
+        "auto",
+        "--mask",
+        "32-39",
+        "--gpu",
+        "0000:17:00.0",
+        capsys=capsys,
     )
     (server,) = data["servers"]
     assert server["pinned"] is False and server["workers"] == [] and server["result_cpu"] is None
     assert "4 core(s) for 6 GPU(s), and each needs two" in server["reason"]
 
 
-def test_plan_ignores_the_environment_and_says_so(monkeypatch, capsys):
-    monkeypatch.setenv("CPUPIN_STEP_THREAD_CORE", "off")
+def test_plan_uses_the_runtimes_setting_and_says_what_it_ignores(monkeypatch, capsys):
     monkeypatch.setenv("GOMP_CPU_AFFINITY", "0-3")
+    monkeypatch.setenv("CPUPIN_STEP_THREAD_CORE", "auto")
     data = plan_json("--host", "dgx-h100", capsys=capsys)
-    assert all(s["pinned"] for s in data["servers"])
+    assert data["setting"] == "auto" and all(s["pinned"] for s in data["servers"])
+    assert "with_auto" not in data
     assert main(["plan", "--host", "dgx-h100", "--json"]) == 0
     err = capsys.readouterr().err
-    assert "CPUPIN_STEP_THREAD_CORE" in err and "GOMP_CPU_AFFINITY" in err
+    assert "GOMP_CPU_AFFINITY" in err and "ignores CPUPIN_STEP" not in err
+    monkeypatch.delenv("CPUPIN_STEP_THREAD_CORE")  # the default: off, and auto beside it
+    data = plan_json("--host", "dgx-h100", capsys=capsys)
+    assert data["setting"] == "off" and not any(s["pinned"] for s in data["servers"])
+    assert data["with_auto"]["setting"] == "auto"
+    assert all(s["pinned"] for s in data["with_auto"]["servers"])
+    assert main(["plan", "--host", "dgx-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "setting off" in out and "with auto instead of off" in out and "ABCD" in out
+
+
+def test_plan_names_a_bad_setting_from_the_environment(monkeypatch, capsys):
+    monkeypatch.setenv("CPUPIN_STEP_THREAD_CORE", "bogus")
+    assert main(["plan", "--host", "dgx-h100"]) == 2
+    assert "CPUPIN_STEP_THREAD_CORE='bogus'" in capsys.readouterr().err
 
 
 def test_plan_with_a_setting_that_fails_exits_2_with_its_message():
@@ -178,12 +226,46 @@ def test_plan_human_view_draws_the_cores_of_each_node(capsys):
 two_cpus = pytest.mark.skipif(len(cpupin.process_cpus()) < 2, reason="needs two CPUs")
 
 
-def test_top_once_as_json(capsys):
-    assert main(["top", "self", "--count", "1", "--interval", "0.3", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert rows and {"tid", "name", "cpu_ms_per_s", "wait_ms_per_s", "last_cpu", "mask"} <= set(
-        rows[0]
+def test_top_json_is_one_document_and_json_lines_one_line_a_sample(capsys):
+    pid = str(os.getpid())
+    assert main(["top", pid, "--count", "2", "--interval", "0.05", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)  # one document, however many samples
+    assert data["pid"] == os.getpid() and len(data["samples"]) == 2
+    rows = data["samples"][0]["threads"]
+    keys = {"tid", "name", "cpu_ms_per_s", "wait_ms_per_s", "last_cpu", "mask", "mask_list"}
+    assert rows and keys <= set(rows[0]) and isinstance(rows[0]["mask"], list)
+    assert main(["top", pid, "--count", "2", "--interval", "0.05", "--json-lines"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["threads"] for line in lines)
+
+
+def test_top_ends_on_ctrl_c_with_exit_0():
+    child = subprocess.Popen(
+        [sys.executable, "-m", "cpupin", "top", "1", "--interval", "0.05", "--json-lines"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    first = child.stdout.readline()  # it is sampling: Ctrl-C now
+    child.send_signal(signal.SIGINT)
+    rest, err = child.communicate(timeout=60)
+    assert child.returncode == 0 and "Traceback" not in err, err
+    assert json.loads(first)["threads"]
+
+
+def test_top_json_at_ctrl_c_prints_the_samples_taken(monkeypatch, capsys):
+    from cpupin.cli import top
+
+    calls = []
+
+    def sleep(seconds):
+        calls.append(seconds)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the user's Ctrl-C, during the third sample
+
+    monkeypatch.setattr(top.time, "sleep", sleep)
+    assert main(["top", str(os.getpid()), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["samples"]) == 2
 
 
 @two_cpus

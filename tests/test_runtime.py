@@ -88,7 +88,7 @@ def test_the_runtime_runs_and_pins_as_the_plan_says(tmp_path, setting, step_mask
     assert report["pinned"] == (setting != "off")
     if setting == "0":
         assert report["workers"] == [{"device": "0", "cpus": [0]}] and report["result_cpu"] == 1
-    names = {(t["process"], t["name"]): t["mask"] for t in report["threads"]}
+    names = {(t["process"], t["name"]): t["mask_list"] for t in report["threads"]}
     assert names[("api-server", "api-result")] == result_mask
     assert names[("worker0", "worker0-detok")] == "0-1"  # the pool starts on the process mask
     assert report["stray"] == []
@@ -185,7 +185,7 @@ def test_a_second_copy_stands_aside_until_the_first_is_killed(one_gpu_tree, tmp_
         assert report["pinned"] is False
         assert "another server holds GPU 0000:01:00.0" in report["reason"]
         assert str(lock_dir / "cpupin-gpu-0000:01:00.0.lock") in second.stderr  # the warning
-        assert {t["mask"] for t in report["threads"]} == {"0-1"}  # its workers pin nothing
+        assert {t["mask_list"] for t in report["threads"]} == {"0-1"}  # its workers pin nothing
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=60)

@@ -14,7 +14,8 @@ from cpupin.topology import read_host
 
 from .hwloc_oracle import from_console, from_xml
 
-CAPTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "hosts" / "hwloc"
+#: hwloc's captures, shipped with the tests (BSD; COPYING beside them).
+CAPTURES = Path(__file__).resolve().parent / "data" / "hwloc"
 NAMES = sorted(p.name[: -len(".tar.bz2")] for p in CAPTURES.glob("*.tar.bz2"))
 
 needs_captures = pytest.mark.skipif(not NAMES, reason=f"no hwloc captures in {CAPTURES}")

@@ -8,7 +8,7 @@ from cpupin.binding import memory_binding_check
 from cpupin.cpulist import format_cpulist
 from cpupin.doctor import diagnose, measure_host
 from cpupin.process import process_cpus
-from cpupin.topology import read_host
+from cpupin.topology import Host, read_host
 
 from . import _args
 
@@ -40,9 +40,15 @@ def run(args: argparse.Namespace) -> int:
     if here:
         memory_ok, memory_why = memory_binding_check()
     if args.json:
+        facts = host.as_dict()
         _args.print_json(
             {
                 "host": title,
+                **{k: facts[k] for k in ("cpus", "smt", "nodes", "gpus", "hypervisor")},
+                "cores": len(host.cores),
+                "mask": sorted(mask),
+                "mask_list": format_cpulist(mask),
+                "quota": facts["quota"],
                 **diagnosis.as_dict(),
                 "memory_binding": {"possible": memory_ok, "why": memory_why},
             }
@@ -52,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"cpupin doctor: {title}")
     print(
         f"host     {len(host.cpus)} CPUs, {len(host.cores)} cores, SMT "
-        f"{'on' if host.smt else 'off'}, {len(host.cpu_nodes)} node(s), "
+        f"{'on' if host.smt else 'off'}, {_nodes(host)}, "
         f"{len(host.gpus)} GPU(s)" + (", a virtual machine" if host.hypervisor else "")
     )
     print(
@@ -89,3 +95,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"verdict  {diagnosis.verdict}: {action}")
     print(f"why      {diagnosis.why}")
     return 0
+
+
+def _nodes(host: Host) -> str:
+    """The host's nodes as topo counts them, with those without CPUs named."""
+    total, with_cpus = len(host.nodes), len(host.cpu_nodes)
+    if total == with_cpus:
+        return f"{total} node(s)"
+    return f"{total} node(s) ({with_cpus} with CPUs)"

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from cpupin.cpulist import format_cpulist
+from cpupin.errors import excerpt
 from cpupin.handoff import format_pair, handoff, handoff_matrix, handoff_python, pair_kinds
 from cpupin.process import process_cpus
 from cpupin.topology import read_host
@@ -15,7 +16,12 @@ from . import _args
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     hand = sub.add_parser("handoff", help="the cost of one thread waking another, per CPU pair")
-    hand.add_argument("--cpus", type=_pair, metavar="A,B", help="one pair (any: unpinned)")
+    hand.add_argument(
+        "--cpus",
+        type=_pair,
+        metavar="A,B",
+        help="one pair: A,B, a side 'any' left unpinned ('any' alone: both)",
+    )
     hand.add_argument("--matrix", action="store_true", help="every pair of the process mask")
     hand.add_argument("--plot", metavar="FILE.png", help="with --matrix: a heatmap (matplotlib)")
     hand.add_argument(
@@ -46,9 +52,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _pair(text: str) -> tuple[int | None, int | None]:
+    if text.strip() == "any":
+        return None, None  # both unpinned, as the help says
     parts = text.split(",")
     if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a pair such as 0,1")
+        raise argparse.ArgumentTypeError(f"{excerpt(text)} is not a pair such as 0,1, or any")
     out: list[int | None] = []
     for part in parts:
         part = part.strip()
@@ -57,7 +65,9 @@ def _pair(text: str) -> tuple[int | None, int | None]:
         elif part.isascii() and part.isdigit() and len(part) <= 6:
             out.append(int(part))
         else:
-            raise argparse.ArgumentTypeError(f"{part!r} in {text!r} is not a CPU number")
+            raise argparse.ArgumentTypeError(
+                f"{excerpt(part)} in {excerpt(text)} is not a CPU number"
+            )
     return out[0], out[1]
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import PlanError, excerpt
-from cpupin.placement import Placement, parse_setting, place
+from cpupin.placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
 from cpupin.server import OPENMP_AFFINITY_VARS, resolve_devices
 from cpupin.topology import Host, parse_pci_address
 
@@ -27,7 +27,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="CPULIST",
         help="the process mask (default: this process's, or all of a --host/--root host's)",
     )
-    plan.add_argument("--setting", default="auto", help="off, auto (default) or a CPU number")
+    plan.add_argument(
+        "--setting",
+        help="off, auto or a CPU number (default: what the runtime would use, "
+        "CPUPIN_STEP_THREAD_CORE, else off; under off the plan shows what auto would do too)",
+    )
     plan.add_argument(
         "--gpu",
         dest="entries",
@@ -75,13 +79,19 @@ def _device(kind: str, text: str, host: Host) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    ignored = [n for n in os.environ if n.startswith("CPUPIN_") or n in OPENMP_AFFINITY_VARS]
+    used = set() if args.setting is not None else {ENV_SETTING}
+    ignored = [
+        n
+        for n in os.environ
+        if (n.startswith("CPUPIN_") or n in OPENMP_AFFINITY_VARS) and n not in used
+    ]
     if ignored:
         print(
-            f"note: the dry run plans from its arguments alone; it ignores {', '.join(ignored)}",
+            f"note: the dry run plans from its arguments and {ENV_SETTING} alone; it "
+            f"ignores {', '.join(ignored)}",
             file=sys.stderr,
         )
-    setting = parse_setting(args.setting)
+    setting = setting_from_env() if args.setting is None else parse_setting(args.setting)
     host, title, mask = _args.load_host(args)
     allowed = _args.mask_arg(args.mask, host, mask) & host.cpus
     if not allowed:
@@ -93,23 +103,34 @@ def run(args: argparse.Namespace) -> int:
     else:
         servers = [[_device(kind, text, host) for kind, text in args.entries]]
     placements = [place(host, allowed, devices, setting) for devices in servers]
+    # Under off, what auto would do too: the question a user of off asks.
+    autos = (
+        [place(host, allowed, devices, "auto") for devices in servers] if setting == "off" else None
+    )
     if args.json:
-        _args.print_json(
-            {
-                "setting": str(setting),
-                "mask": format_cpulist(allowed),
-                "servers": [
-                    {k: v for k, v in p.as_dict().items() if k != "setting"} for p in placements
-                ],
-            }
-        )
+        data: dict[str, object] = {
+            "setting": str(setting),
+            "mask": sorted(allowed),
+            "mask_list": format_cpulist(allowed),
+            "servers": _servers(placements),
+        }
+        if autos is not None:
+            data["with_auto"] = {"setting": "auto", "servers": _servers(autos)}
+        _args.print_json(data)
         return 0
     print(
         f"{title}\nsetting {setting}, mask {format_cpulist(allowed)} ({len(allowed)} CPUs); "
         "a dry run: no lock taken"
     )
     _draw(host, allowed, placements)
+    if autos is not None:
+        print("with auto instead of off (what auto would do on this host and mask):")
+        _draw(host, allowed, autos)
     return 0
+
+
+def _servers(placements: list[Placement]) -> list[dict[str, object]]:
+    return [{k: v for k, v in p.as_dict().items() if k != "setting"} for p in placements]
 
 
 def _draw(host: Host, allowed: frozenset[int], placements: list[Placement]) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from cpupin.cpulist import format_cpulist
 from cpupin.process import process_cpus, thread_masks
-from cpupin.sampling import audit
+from cpupin.sampling import audit, process_mask_of
 
 from . import _args
 
@@ -35,18 +36,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_threads(args: argparse.Namespace) -> int:
-    rows = [
-        {**st._asdict(), "mask": sorted(mask)} for st, mask in thread_masks(args.pid, last_cpu=True)
-    ]
+    threads = thread_masks(args.pid, last_cpu=True)
+    if args.pid is None or args.pid == os.getpid():
+        pid, mask, source = os.getpid(), process_cpus(), "cpupin.process_cpus()"
+    else:
+        pid = args.pid
+        mask, source = process_mask_of(pid, [m for _, m in threads])
     if args.json:
-        _args.print_json(rows)
+        _args.print_json(
+            {
+                "pid": pid,
+                "process_mask": sorted(mask),
+                "process_mask_list": format_cpulist(mask),
+                "process_mask_from": source,
+                "threads": [
+                    {**st._asdict(), "mask": sorted(m), "mask_list": format_cpulist(m)}
+                    for st, m in threads
+                ],
+            }
+        )
         return 0
-    print(f"process mask {format_cpulist(process_cpus())}")
-    print(f"{'tid':>8} {'name':16} {'run ms':>10} {'wait ms':>10} {'cpu':>4}")
-    for row in rows:
+    print(
+        f"pid {pid}: {_count(len(threads), 'thread')}; process mask {format_cpulist(mask)} "
+        f"({source})"
+    )
+    print(f"{'tid':>8} {'name':16} {'run ms':>10} {'wait ms':>10} {'cpu':>4}  mask")
+    for st, m in threads:
+        cpu = st.last_cpu if st.last_cpu is not None else "?"
         print(
-            f"{row['tid']:>8} {row['name'][:16]:16} {row['run_ns'] / 1e6:>10.1f} "
-            f"{row['wait_ns'] / 1e6:>10.1f} {row['last_cpu']!s:>4}"
+            f"{st.tid:>8} {st.name[:16]:16} {st.run_ns / 1e6:>10.1f} "
+            f"{st.wait_ns / 1e6:>10.1f} {cpu!s:>4}  {format_cpulist(m)}"
         )
     return 0
 

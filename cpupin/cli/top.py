@@ -30,7 +30,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=_args.whole("--count", 1, 1_000_000),
         help="samples to take (default: until interrupted)",
     )
-    top.add_argument("--json", action="store_true", help="print each sample as a JSON list")
+    out = top.add_mutually_exclusive_group()
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document of every sample when done (or at Ctrl-C)",
+    )
+    out.add_argument("--json-lines", action="store_true", help="print each sample as one JSON line")
     top.set_defaults(handler=run)
 
 
@@ -39,22 +45,36 @@ def run(args: argparse.Namespace) -> int:
         _demo_threads()
     sampler = Sampler(args.pid)
     counts = range(args.count) if args.count is not None else itertools.count()
+    document: list[dict[str, object]] = []
     try:
-        _samples(args, sampler, counts)
+        _samples(args, sampler, counts, document)
     except KeyboardInterrupt:
-        pass  # Ctrl-C is how top ends
+        pass  # Ctrl-C is how top ends: the samples taken so far still print
+    if args.json:
+        _args.print_json(
+            {"pid": args.pid or os.getpid(), "interval_s": args.interval, "samples": document}
+        )
     return 0
 
 
-def _samples(args: argparse.Namespace, sampler: Sampler, counts: Iterable[int]) -> None:
+def _samples(
+    args: argparse.Namespace,
+    sampler: Sampler,
+    counts: Iterable[int],
+    document: list[dict[str, object]],
+) -> None:
     for i in counts:
         sampler.start()
         time.sleep(args.interval)
         samples = sampler.stop()
-        if args.json:
-            json.dump([s.as_dict() for s in samples], sys.stdout)
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+        if args.json or args.json_lines:
+            sample = {"time": round(time.time(), 3), "threads": [s.as_dict() for s in samples]}
+            if args.json:
+                document.append(sample)
+            else:
+                json.dump(sample, sys.stdout)
+                sys.stdout.write("\n")
+                sys.stdout.flush()
             continue
         if i:
             print()
