@@ -270,7 +270,8 @@ HOSTS: dict[str, HostSpec] = {
         ),
         HostSpec(
             "xeon6-b300",
-            "The host of PLACEMENT.md: 2x Xeon 6767P, four NUMA nodes of 32 cores, "
+            "The host of docs/placement.md's worked examples: 2x Xeon 6767P, four NUMA nodes "
+            "of 32 cores, "
             "siblings at +128, 8 GPUs two a node (one at 0000:fa:00.0), C6 at 170 µs",
             sockets=2,
             nodes_per_socket=2,

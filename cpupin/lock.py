@@ -1,4 +1,4 @@
-"""The lock per GPU of PLACEMENT.md, safe in a directory anyone can write to.
+"""The lock per GPU of docs/placement.md, safe in a directory anyone can write to.
 
 Under ``auto`` the API server claims every GPU of its deployment before
 anything starts: one ``flock(LOCK_EX | LOCK_NB)`` per GPU on

@@ -1,5 +1,5 @@
 """Where a server's threads go: the ``auto | off | <cpu>`` rules of
-PLACEMENT.md, as a pure function of (host, mask, devices, setting).
+docs/placement.md, as a pure function of (host, mask, devices, setting).
 
 :func:`place` does no I/O and talks to no other process; servers on different
 GPUs of one host never take the same CPU because each derives its CPUs from
@@ -7,7 +7,7 @@ its GPU's rank among the host's GPUs (one documented exception: a split
 config's extra worker and an off-node GPU under the same mask). Where a rule
 cannot be met, nothing is pinned and :attr:`Placement.reason` says why.
 
-Choices where PLACEMENT.md is silent:
+Choices where docs/placement.md is silent:
 
 - ``"off"``/``"auto"`` are matched case-insensitively; a CPU number is ASCII
   digits only (leading zeros allowed).
@@ -144,7 +144,7 @@ def _allowed_cores(host: Host, allowed: frozenset[int]) -> list[tuple[int, ...]]
 
 
 class _Pools:
-    """P(n), G(n), O and L of PLACEMENT.md for one host and mask."""
+    """P(n), G(n), O and L of docs/placement.md for one host and mask."""
 
     def __init__(self, host: Host, cores: list[tuple[int, ...]]) -> None:
         node_of = {cpu: node.id for node in host.nodes for cpu in node.cpus}
@@ -282,7 +282,7 @@ def place(host: Host, mask: Iterable[int], devices: Sequence[str], setting: obje
     may repeat: a split config), as PCI addresses in any spelling. ``mask`` is
     the process mask; the allowed CPUs are it and the online CPUs.
 
-    ``"off"`` pins nothing. ``"auto"`` applies PLACEMENT.md's rules, and where
+    ``"off"`` pins nothing. ``"auto"`` applies docs/placement.md's rules, and where
     one cannot be met pins nothing with a reason that names the numbers and
     what to do. A CPU number places the workers upward from its core and the
     result threads on the highest allowed CPU, and raises :class:`PlanError`

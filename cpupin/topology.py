@@ -66,7 +66,7 @@ class Gpu:
     vendor_id: int | None
     class_code: int
     node: int | None
-    """Its NUMA node; ``None`` when it has none (see PLACEMENT.md)."""
+    """Its NUMA node; ``None`` when it has none (see docs/placement.md)."""
     local_cpus: frozenset[int] | None
     """``local_cpulist``, else ``local_cpus``, else its node's CPUs; ``None``
     when nothing says."""
@@ -378,7 +378,7 @@ def _gpus(r: Reader, nodes: tuple[Node, ...]) -> tuple[Gpu, ...]:
             continue
         node: int | None = r.integer(f"{base}/numa_node", -1, _MAX_ID)
         if node is None or node < 0:
-            # PLACEMENT.md: -1 (or no file) means the only node on a host with
+            # docs/placement.md: -1 (or no file) means the only node on a host with
             # one node or none, and no node on a host with several.
             node = cpu_nodes[0].id if len(cpu_nodes) == 1 else None
         elif node not in node_cpus:

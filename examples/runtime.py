@@ -13,7 +13,7 @@ thread is a ``cpupin.Thread`` or ``cpupin.ThreadPool``.
     python examples/runtime.py --host dgx-h100 --devices 0000:18:00.0   # the plan it would apply
 
 On a host without GPUs the devices are worker slots: ``auto`` pins nothing
-and says why, a CPU number pins as PLACEMENT.md says. ``--root DIR`` plans
+and says why, a CPU number pins as docs/placement.md says. ``--root DIR`` plans
 from a host tree instead of this machine's sysfs (the threads are still
 really pinned, so its CPUs must be this machine's).
 """

@@ -1,4 +1,4 @@
-"""Placement against PLACEMENT.md: its worked examples, the reference review's
+"""Placement against docs/placement.md: its worked examples, the reference review's
 cases, the setting's inputs, and properties over random hosts and masks."""
 
 import pytest
@@ -19,7 +19,7 @@ def plan(mask, devices, setting="auto", host=B300):
     return place(host, parse_cpulist(mask), devices, setting)
 
 
-# --- PLACEMENT.md's worked examples ------------------------------------------
+# --- docs/placement.md's worked examples ------------------------------------------
 
 
 def test_the_second_gpu_of_node_3_under_8_cores_of_node_3():
@@ -179,7 +179,7 @@ def test_the_setting_from_the_environment():
 
 
 def pools(host, allowed):
-    """P(n), G(n), O and L, computed afresh from PLACEMENT.md's words."""
+    """P(n), G(n), O and L, computed afresh from docs/placement.md's words."""
     cores = sorted(
         (tuple(c for c in core.cpus if c in allowed) for core in host.cores),
         key=lambda c: c[0] if c else -1,
@@ -297,3 +297,18 @@ def test_the_shipped_hosts_under_their_whole_mask(name):
     assert all(p.pinned for p in placements)
     cpus = [p.cpus for p in placements]
     assert sum(len(c) for c in cpus) == len(frozenset().union(*cpus))
+
+
+def test_docs_placement_states_the_numbers_these_tests_compute():
+    """The repository's own rulebook carries the worked examples' numbers."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "placement.md").read_text()
+    first = place(B300, parse_cpulist("96-103,224-231"), ["0000:fa:00.0"], "auto")
+    assert first.step_cpus == ((97, 225),) and first.result_cpu == 102
+    second = place(B300, parse_cpulist("32-47,160-175"), [GPUS[1]], "auto")  # 2nd off-node
+    assert second.step_cpus == ((35, 163),) and second.result_cpu == 44
+    third = place(B300, parse_cpulist("32-39"), [GPUS[0]], "auto")
+    assert "4 core(s) for 6 GPU(s), and each needs two" in third.reason
+    for fact in ("**97,225**", "**102**", "**35,163**", "core **44**", "4 core(s) for 6 GPU(s)"):
+        assert fact in text, fact
