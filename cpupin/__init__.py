@@ -21,7 +21,7 @@ from ._native import (
     set_affinity,
     thread_stats,
 )
-from .binding import Binding, bind_process
+from .binding import Binding, bind_process, decide_binding
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from .cpuplan import CpuPlan
 from .errors import PlanError, UnsupportedPlatform
@@ -51,6 +51,7 @@ __all__ = [
     "HAVE_AFFINITY",
     "Binding",
     "bind_process",
+    "decide_binding",
     "Claim",
     "HandoffResult",
     "Core",

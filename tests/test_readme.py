@@ -1,0 +1,69 @@
+"""The README's promises: its Python blocks run as written, as one program in
+the order they stand, and every console sample is what its command prints now
+(numbers aside: they are measured)."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.MULTILINE | re.DOTALL)
+SAMPLES = re.findall(r"^```text\n\$ (cpupin [^\n]*)\n(.*?)^```", README, re.MULTILINE | re.DOTALL)
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def test_the_readme_opens_with_the_two_commands():
+    first = re.search(r"^```sh\n(.*?)^```", README, re.MULTILINE | re.DOTALL).group(1)
+    lines = [line.split("#")[0].strip() for line in first.splitlines() if line.strip()]
+    assert lines == ["pip install . && cpupin doctor", "pip install -e '.[test]' && pytest"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "-e '.[test]'" in ci and "\npytest" in ci
+
+
+def test_every_python_block_runs_as_written(tmp_path):
+    assert len(PYTHON_BLOCKS) >= 4
+    program = tmp_path / "readme_program.py"
+    program.write_text("\n\n".join(PYTHON_BLOCKS))
+    env = {**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}
+    env.pop("CPUPIN_STEP_THREAD_CORE", None)
+    out = subprocess.run(
+        [sys.executable, str(program)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    # The tour's server pinned its worker and its result thread on this host.
+    assert re.search(r"workers on \(\(\d+,( \d+)?\),\), results on \d+", out.stdout), out.stdout
+
+
+def masked(text):
+    return [NUMBER.sub("#", line.rstrip()) for line in text.strip("\n").splitlines()]
+
+
+@pytest.mark.parametrize("command, sample", SAMPLES, ids=[c for c, _ in SAMPLES])
+def test_every_console_sample_is_what_the_command_prints(command, sample):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CPUPIN_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "cpupin", *shlex.split(command)[1:]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert masked(out.stdout) == masked(sample)
+
+
+def test_the_samples_cover_the_doctor_and_a_plan():
+    assert {c.split()[1] for c, _ in SAMPLES} >= {"doctor", "plan"}
