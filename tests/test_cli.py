@@ -354,3 +354,16 @@ def test_audit_fails_on_a_narrowed_thread_until_it_is_gone(capsys):
     finally:
         child.stdin.close()
         child.wait(timeout=60)
+
+
+def test_doctor_and_topo_agree_on_a_shipped_hosts_facts(capsys):
+    for name in ("gh200", "dgx-h100", "h100-vm"):
+        assert main(["topo", "--host", name, "--json"]) == 0
+        topo = json.loads(capsys.readouterr().out)
+        assert main(["doctor", "--host", name, "--json"]) == 0
+        doctor = json.loads(capsys.readouterr().out)
+        for key in ("cpus", "smt", "nodes", "gpus", "mask", "quota", "hypervisor"):
+            assert doctor[key] == topo[key], (name, key)
+        assert main(["doctor", "--host", name]) == 0
+        text = capsys.readouterr().out
+        assert f"{len(topo['nodes'])} node(s)" in text

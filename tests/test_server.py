@@ -137,3 +137,14 @@ def test_a_gpu_uuid_without_pynvml_says_what_to_install(monkeypatch):
 
 
 # --- cpupin plan ----------------------------------------------------------------
+
+
+def test_a_bad_setting_from_the_environment_is_named_as_such(b300_root, tmp_path):
+    with pytest.raises(PlanError, match=r"CPUPIN_STEP_THREAD_CORE='bogus': "):
+        plan_server(
+            None,
+            ["w0"],
+            root=b300_root,
+            lock_dir=tmp_path,
+            environ={"CPUPIN_STEP_THREAD_CORE": "bogus"},
+        )
