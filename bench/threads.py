@@ -44,10 +44,21 @@ def main() -> None:
         t.start()
         t.join()
 
+    from cpupin import threads as cpupin_threads
+
+    def unnamed() -> None:
+        # The cost of the kernel name alone: the same start without it.
+        cpupin_threads._NAME_THREADS = False
+        try:
+            start_join(cpupin.Thread)
+        finally:
+            cpupin_threads._NAME_THREADS = sys.version_info < (3, 14)
+
     times = paired(
         {
             "threading.Thread": lambda: start_join(threading.Thread),
             "cpupin.Thread": lambda: start_join(cpupin.Thread),
+            "cpupin.Thread, no kernel name": unnamed,
         },
         args.number,
         args.rounds,
@@ -72,6 +83,7 @@ def main() -> None:
     print("|---|---|---|")
     for mine, theirs in (
         ("cpupin.Thread", "threading.Thread"),
+        ("cpupin.Thread, no kernel name", "threading.Thread"),
         ("cpupin.ThreadPool submit().result()", "ThreadPoolExecutor submit().result()"),
     ):
         print(f"| `{theirs}` | {fmt_ns(times[theirs])} | |")

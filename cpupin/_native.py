@@ -591,6 +591,8 @@ def set_thread_name(name: str) -> int:
     """Give the calling thread the kernel name ``name`` (what ``top -H``,
     ``ps -L``, ``perf`` and ``py-spy`` show), cut to 15 bytes of UTF-8 on a
     character boundary: 0, or ``-errno``."""
+    if len(name) <= THREAD_NAME_BYTES and name.isascii() and "\0" not in name:
+        return int(lib.cpupin_set_thread_name(name.encode()))  # the common case
     raw = name.encode("utf-8", "replace")[:THREAD_NAME_BYTES]
     raw = raw.decode("utf-8", "ignore").encode("utf-8").replace(b"\0", b"?")
     return int(lib.cpupin_set_thread_name(raw))
