@@ -420,21 +420,23 @@ def venv_env():
     return {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
 
 
-def test_torchrun_launches_each_rank_through_cpupin_exec():
+def test_torchrun_launches_each_rank_through_cpupin_exec(tmp_path):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):
         pytest.skip("torchrun comes with torch (pip install torch==2.13.0)")
     # This machine has no GPU: the ranks answer for the DGX H100 (--dry-run
-    # --host), then run for real bound to node 0.
-    base = [torchrun, "--standalone", "--no-python", "--nproc-per-node", "2", "cpupin", "exec"]
-    out = run(
-        [*base, "--local-rank", "--host", "dgx-h100", "--dry-run", "--", "python"], venv_env()
+    # --host), each into a file of its own (two ranks share torchrun's
+    # stdout), then run for real bound to node 0.
+    base = [torchrun, "--standalone", "--no-python", "--nproc-per-node", "2"]
+    dry = (
+        "exec cpupin exec --local-rank --host dgx-h100 --dry-run --json -- python "
+        f'> {tmp_path}/rank-"$LOCAL_RANK".json'
     )
+    out = run([*base, "sh", "-c", dry], venv_env())
     assert out.returncode == 0, out.stderr
-    # Each rank's few lines leave in one write: they never interleave.
-    devices = sorted(
-        line.split()[1].rstrip(",") for line in out.stdout.splitlines() if line.startswith("device")
-    )
+    devices = [
+        json.loads((tmp_path / f"rank-{rank}.json").read_text())["device"] for rank in (0, 1)
+    ]
     assert devices == ["0000:18:00.0", "0000:2a:00.0"]
     # One write a rank, under PIPE_BUF: atomic, whatever the other rank does.
     code = (
@@ -443,7 +445,7 @@ def test_torchrun_launches_each_rank_through_cpupin_exec():
     )
     # torchrun's own parser would take --node for its --nnodes: through sh.
     real = f'exec cpupin exec --node 0 --memory bind -- {sys.executable} -c "{code}"'
-    out = run([*base[:-2], "sh", "-c", real], venv_env())
+    out = run([*base, "sh", "-c", real], venv_env())
     assert out.returncode == 0, out.stderr
     assert sorted(out.stdout.split(";"))[1:] == ["policy=2", "policy=2"]  # MPOL_BIND, both
 
