@@ -43,9 +43,10 @@ import os
 import pwd
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from . import registry
 from .topology import parse_pci_address
 
 __all__ = ["ENV_LOCK_DIR", "Claim", "claim_gpus", "lock_path"]
@@ -109,7 +110,7 @@ def _open_lock_file(dir_fd: int, name: str, path: str) -> int:
         try:
             fd = os.open(
                 name,
-                os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                 0o644,
                 dir_fd=dir_fd,
             )
@@ -126,9 +127,13 @@ def _open_lock_file(dir_fd: int, name: str, path: str) -> int:
                 pass
             return fd
         try:
-            return os.open(
-                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-            )
+            # Read-write to hold the server's record; read-only still locks.
+            flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                return os.open(name, os.O_RDWR | flags, dir_fd=dir_fd)
+            except (PermissionError, IsADirectoryError):
+                # Another user's file, or not a file at all: the checks below.
+                return os.open(name, os.O_RDONLY | flags, dir_fd=dir_fd)
         except FileNotFoundError:
             if not os.access(_dir_path(dir_fd), os.W_OK):
                 raise _Refused(
@@ -147,6 +152,19 @@ def _open_lock_file(dir_fd: int, name: str, path: str) -> int:
 
 def _dir_path(dir_fd: int) -> str:
     return f"/proc/self/fd/{dir_fd}"
+
+
+def _holder(fd: int) -> str:
+    """`` (pid N)`` from the holder's record in the lock file, when it has a
+    valid one; nothing otherwise (a record is never trusted beyond naming)."""
+    try:
+        record = registry.decode(os.pread(fd, registry.SLOT, 0))
+        pid = record.get("pid")
+    except (OSError, ValueError):
+        return ""
+    if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 22:
+        return f" (pid {pid})"
+    return ""
 
 
 def _who(uid: int) -> str:
@@ -206,7 +224,9 @@ def _lock_one(dir_fd: int, address: str, path: str, shared: bool) -> int:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise _Refused(f"another server holds GPU {address} (its lock is {path})") from None
+                raise _Refused(
+                    f"another server{_holder(fd)} holds GPU {address} (its lock is {path})"
+                ) from None
             except OSError as exc:
                 raise _Refused(
                     f"cannot lock {path}: {exc.strerror} (locks do not work on that "
@@ -256,6 +276,27 @@ class Claim:
         with _held_lock:
             for address in self.addresses:
                 _release(address)
+
+    def write_record(self, record: Mapping[str, object]) -> str:
+        """Write the server's record into every lock file this claim holds
+        (one ``pwrite`` of a fixed slot each: a reader never sees it torn);
+        returns why it could not, or an empty string."""
+        if not self or self._generation != _generation:
+            return "the claim holds nothing"
+        data = registry.encode(record)
+        failed = []
+        with _held_lock:
+            for address in self.addresses:
+                held = _held.get(address)
+                if held is None:
+                    continue
+                try:
+                    if os.fstat(held.fd).st_size != len(data):
+                        os.ftruncate(held.fd, len(data))  # ours alone: we hold the lock
+                    os.pwrite(held.fd, data, 0)
+                except OSError as exc:
+                    failed.append(f"{held.path}: {exc.strerror}")
+        return "; ".join(failed)
 
     def __enter__(self) -> Claim:
         return self

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from . import _native
 from .cpulist import format_cpulist, parse_cpulist
 from .process import ENV_PROCESS_CPUS, process_cpus, start_time, thread_masks
+from .registry import ENV_LOCK_DIR, Registry, read_registry
 from .threads import pinned_threads
 
 __all__ = ["Audit", "Sampler", "ThreadSample", "audit", "process_mask_of", "sample_threads"]
@@ -53,19 +54,30 @@ class ThreadSample:
         }
 
 
+def environ_of(pid: int, name: str) -> str | None:
+    """One variable of another process's environment as it started
+    (``/proc/<pid>/environ``, bounded: an environment is at most a quarter
+    of the stack limit, 2 MiB by default; past this it counts as unset)."""
+    key = name.encode() + b"="
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read(_ENVIRON_LIMIT).split(b"\0"):
+                if item.startswith(key):
+                    return item[len(key) :].decode("utf-8", "replace")
+    except OSError:
+        pass
+    return None
+
+
 def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[int], str]:
     """Another process's mask: its ``CPUPIN_PROCESS_CPUS`` when set, else
     the widest mask among its threads; and where it came from."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            # Bounded: an environment is at most a quarter of the stack limit
-            # (2 MiB by default); past this the variable counts as unset.
-            for item in f.read(_ENVIRON_LIMIT).split(b"\0"):
-                if item.startswith(ENV_PROCESS_CPUS.encode() + b"="):
-                    text = item.split(b"=", 1)[1].decode("ascii", "replace")
-                    return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
-    except (OSError, ValueError):
-        pass
+    text = environ_of(pid, ENV_PROCESS_CPUS)
+    if text is not None:
+        try:
+            return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
+        except ValueError:
+            pass
     return max(masks, key=len, default=frozenset()), "the widest mask among its threads"
 
 
@@ -165,13 +177,19 @@ def sample_threads(pid: int | None = None, interval: float = 1.0) -> list[Thread
 
 @dataclass(frozen=True)
 class Audit:
-    """Another process's threads grouped by CPU mask, seen from outside."""
+    """Another process's threads grouped by CPU mask, seen from outside, and
+    which narrower ones its record in the lock directory declares."""
 
     pid: int
     process_mask: frozenset[int]
     process_mask_from: str
     groups: dict[frozenset[int], list[tuple[int, str]]]
     """Mask to its threads' (tid, name), widest mask first."""
+    registered: bool = False
+    """Whether the process (or its server) has a live record: only then can a
+    deliberate pin be told from a stray."""
+    deliberate: frozenset[int] = frozenset()
+    """The tids whose mask is a registered pin of theirs."""
 
     @property
     def threads(self) -> int:
@@ -182,27 +200,44 @@ class Audit:
         """The groups on a mask other than the process mask."""
         return {m: t for m, t in self.groups.items() if m != self.process_mask}
 
+    @property
+    def strays(self) -> list[tuple[int, str, frozenset[int]]]:
+        """Narrower threads that are not registered pins: (tid, name, mask)."""
+        return [
+            (tid, name, mask)
+            for mask, members in self.narrower.items()
+            for tid, name in members
+            if tid not in self.deliberate
+        ]
+
     def as_dict(self) -> dict[str, object]:
         return {
             "pid": self.pid,
             "process_mask": sorted(self.process_mask),
             "process_mask_list": format_cpulist(self.process_mask),
             "process_mask_from": self.process_mask_from,
+            "registered": self.registered,
             "groups": [
                 {
                     "mask": sorted(cpus),
                     "mask_list": format_cpulist(cpus),
                     "narrower": cpus != self.process_mask,
-                    "threads": [{"tid": tid, "name": name} for tid, name in members],
+                    "threads": [
+                        {"tid": tid, "name": name, "deliberate": tid in self.deliberate}
+                        for tid, name in members
+                    ],
                 }
                 for cpus, members in self.groups.items()
             ],
         }
 
 
-def audit(pid: int) -> Audit:
+def audit(pid: int, registry: Registry | None = None) -> Audit:
     """Group another process's threads by mask, against its process mask
-    (:func:`process_mask_of`). ``ProcessLookupError`` when it is gone."""
+    (:func:`process_mask_of`), and tell its registered pins from the rest:
+    from ``registry``, else from the lock directory the process writes to
+    (its ``CPUPIN_LOCK_DIR``, else ``/tmp``).
+    ``ProcessLookupError`` when it is gone."""
     threads = thread_masks(_native.as_pid(pid))
     if not threads:
         raise ProcessLookupError(errno.ESRCH, f"pid {pid}: no such process")
@@ -211,4 +246,8 @@ def audit(pid: int) -> Audit:
     for st, cpus in threads:
         groups.setdefault(cpus, []).append((st.tid, st.name))
     ordered = dict(sorted(groups.items(), key=lambda kv: (-len(kv[0]), sorted(kv[0]))))
-    return Audit(pid, mask, source, ordered)
+    # The registry the process writes to: its own CPUPIN_LOCK_DIR, else /tmp.
+    found = registry if registry is not None else read_registry(environ_of(pid, ENV_LOCK_DIR))
+    pins = {p.tid: p.cpus for p in found.pins_of(pid)}
+    deliberate = frozenset(st.tid for st, cpus in threads if pins.get(st.tid) == cpus)
+    return Audit(pid, mask, source, ordered, found.knows(pid), deliberate)

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from . import registry
 from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
 from .errors import PlanError
 from .lock import Claim, claim_gpus
 from .placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
-from .process import ENV_PROCESS_CPUS, process_cpus
+from .process import ENV_PROCESS_CPUS, process_cpus, start_time
 from .topology import Host, parse_pci_address, read_host
 
 __all__ = ["ServerPlan", "child_env", "plan_server", "resolve_devices"]
@@ -192,10 +194,33 @@ def plan_server(
             claim = claim_gpus(entries, lock_dir)
             if not claim:
                 placement = placement.unpinned(f"nothing pinned: {claim.reason}")
+            else:
+                _write_record(claim, placement, allowed)
         if not placement.pinned:
             log.warning("cpupin auto: %s", placement.reason)
     cpu_plan = CpuPlan.for_host(host, allowed, placement.cpus)
     return ServerPlan(placement, claim, cpu_plan, host)
+
+
+def _write_record(claim: Claim, placement: Placement, mask: frozenset[int]) -> None:
+    """The server's record in its lock files, for ``cpupin ps`` and audits."""
+    pid = os.getpid()
+    why = claim.write_record(
+        {
+            "version": registry.VERSION,
+            "pid": pid,
+            "start_time": start_time(pid) or 0,
+            "uid": os.geteuid(),
+            "time": round(time.time(), 3),
+            "setting": str(placement.setting),
+            "devices": list(placement.devices),
+            "workers": [{"device": w.device, "cpus": list(w.cpus)} for w in placement.workers],
+            "result_cpu": placement.result_cpu,
+            "process_mask": sorted(mask),
+        }
+    )
+    if why:
+        log.debug("cpupin: no record in the lock files: %s", why)
 
 
 def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from . import _native
+from . import _native, registry
 from .cgroup import read_cgroup_cpuset
 from .cpulist import cpus_phrase, format_cpulist
 from .errors import excerpt
@@ -40,6 +40,7 @@ __all__ = [
     "ThreadPool",
     "pin_current_thread",
     "pin_step_thread",
+    "pinned_roles",
     "pinned_threads",
     "refresh_process_cpus",
     "register_warmup",
@@ -218,6 +219,7 @@ class ThreadPool(ThreadPoolExecutor):
 # --- pins ------------------------------------------------------------------
 
 _pins: dict[int, frozenset[int]] = {}
+_roles: dict[int, str] = {}
 _pins_lock = threading.Lock()
 _warmups: list[Callable[[], object]] = []
 
@@ -274,6 +276,8 @@ class Pin:
         with _pins_lock:
             if _pins.get(self.tid) == self.cpus:
                 del _pins[self.tid]
+                _roles.pop(self.tid, None)
+            _publish()
         if self.tid == _native.gettid():
             _native.set_affinity(self.previous)
             return
@@ -306,13 +310,19 @@ def _checked(cpus: Iterable[int] | str) -> frozenset[int]:
     return wanted
 
 
-def pin_current_thread(cpus: Iterable[int] | str, name: str | None = None) -> Pin:
+def pin_current_thread(
+    cpus: Iterable[int] | str, name: str | None = None, role: str = "pinned"
+) -> Pin:
     """Pin the calling thread to ``cpus`` (within the process mask) and
     register the pin, so that :func:`stray_threads` knows it is deliberate.
     Affects the calling thread only. ``name``, when given, becomes its
     kernel name (15 bytes at most; never given by default, since naming the
-    main thread renames the process in ``ps``)."""
+    main thread renames the process in ``ps``). ``role`` (``"step"``,
+    ``"result"``, or the runtime's own word) goes into the host's registry,
+    where ``cpupin ps`` and ``cpupin audit`` find the pin."""
     wanted = _checked(cpus)
+    if not isinstance(role, str) or not role or len(role) > 32:
+        raise ValueError(f"role={excerpt(role)}: give a short word such as 'step' or 'result'")
     if name is not None:
         _name_current_thread(name)
     tid = _native.gettid()
@@ -320,7 +330,19 @@ def pin_current_thread(cpus: Iterable[int] | str, name: str | None = None) -> Pi
     _native.set_affinity(wanted)
     with _pins_lock:
         _pins[tid] = wanted
+        _roles[tid] = role
+        _publish()
     return Pin(tid, wanted, previous, _started=start_time(0, tid))
+
+
+def _publish() -> None:
+    """This process's record of its pins in the lock directory (called with
+    _pins_lock held): what ``cpupin ps`` and audits read from outside."""
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    registry.register_pins(
+        registry.Pinned(tid, names.get(tid, ""), cpus, _roles.get(tid, "pinned"))
+        for tid, cpus in _pins.items()
+    )
 
 
 def _name_current_thread(name: str) -> None:
@@ -332,7 +354,7 @@ def _name_current_thread(name: str) -> None:
         _native.raise_oserror(rc, "naming the calling thread")
 
 
-def pin_step_thread(cpus: Iterable[int] | str, name: str | None = None) -> Pin:
+def pin_step_thread(cpus: Iterable[int] | str, name: str | None = None, role: str = "step") -> Pin:
     """Pin a worker's main, GPU or plan thread to ``cpus``, its pools first.
 
     Moves the calling thread to the process mask, warms the intra-op pools
@@ -347,9 +369,15 @@ def pin_step_thread(cpus: Iterable[int] | str, name: str | None = None) -> Pin:
     previous = _native.get_affinity()
     to_process_mask()
     _warm_up()
-    pin = pin_current_thread(wanted, name)
+    pin = pin_current_thread(wanted, name, role)
     pin.previous = previous
     return pin
+
+
+def pinned_roles() -> dict[int, tuple[str, frozenset[int]]]:
+    """The registered pins with their roles: tid to (role, CPUs)."""
+    with _pins_lock:
+        return {tid: (_roles.get(tid, "pinned"), cpus) for tid, cpus in _pins.items()}
 
 
 def pinned_threads() -> dict[int, frozenset[int]]:
@@ -377,6 +405,7 @@ def stray_threads() -> list[ThreadInfo]:
     with _pins_lock:
         for tid in [t for t in _pins if t not in alive]:
             del _pins[tid]  # its thread is gone; the tid may come back
+            _roles.pop(tid, None)
         pins = dict(_pins)
     return [
         ThreadInfo(st.tid, st.name, cpus)

@@ -93,8 +93,8 @@ def worker_main(  # type: ignore[no-untyped-def]
     pinned = threading.Barrier(3)
 
     def step_thread(name: str) -> None:
-        if cpus:
-            cpupin.pin_step_thread(cpus)  # OpenMP's threads start here: named before us
+        if cpus:  # OpenMP's threads start before the pin; the role goes to the registry
+            cpupin.pin_step_thread(cpus, name=f"worker{index}-{name}", role="step")
         name_thread(f"worker{index}-{name}")
         pinned.wait()
 
@@ -117,7 +117,7 @@ def worker_main(  # type: ignore[no-untyped-def]
     ]
     for t in threads:
         t.start()
-    pin = cpupin.pin_step_thread(cpus) if cpus else None
+    pin = cpupin.pin_step_thread(cpus, name=f"worker{index}-main") if cpus else None
     name_thread(f"worker{index}-main")
     pinned.wait()
     detok_pool = cpupin.ThreadPool(
@@ -159,6 +159,8 @@ def run_server(args: argparse.Namespace) -> dict[str, object]:
         flush=True,
     )
     os.environ.update(plan.child_env())  # the spawned workers' environment
+    if args.lock_dir:  # where this server and its workers record their pins
+        os.environ["CPUPIN_LOCK_DIR"] = args.lock_dir
     ctx = mp.get_context("spawn")
     conns, procs = [], []
     for i, _ in enumerate(devices):
@@ -182,7 +184,7 @@ def run_server(args: argparse.Namespace) -> dict[str, object]:
     def result_loop() -> None:
         name_thread("api-result")
         if placement.pinned and placement.result_cpu is not None:
-            cpupin.pin_current_thread({placement.result_cpu})
+            cpupin.pin_current_thread({placement.result_cpu}, name="api-result", role="result")
         with Sampler() as sampler:
             receive()
         server_samples.extend(s.as_dict() for s in sampler.samples)

@@ -21,7 +21,17 @@ SECTIONS = {command: json.loads(body) for command, _, body in SECTION.findall(DO
 
 def test_the_page_documents_every_reporting_command():
     commands = {command.split()[1] for command in SECTIONS}
-    assert commands == {"topo", "plan", "threads", "top", "audit", "doctor", "handoff", "exec"}
+    assert commands == {
+        "topo",
+        "plan",
+        "threads",
+        "top",
+        "audit",
+        "doctor",
+        "handoff",
+        "exec",
+        "ps",
+    }
 
 
 def same_shape(documented, real, where="$"):

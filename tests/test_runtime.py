@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,7 +184,7 @@ def test_a_second_copy_stands_aside_until_the_first_is_killed(one_gpu_tree, tmp_
         )
         report = json.loads(second.stdout)
         assert report["pinned"] is False
-        assert "another server holds GPU 0000:01:00.0" in report["reason"]
+        assert re.search(r"another server \(pid \d+\) holds GPU 0000:01:00.0", report["reason"])
         assert str(lock_dir / "cpupin-gpu-0000:01:00.0.lock") in second.stderr  # the warning
         assert {t["mask_list"] for t in report["threads"]} == {"0-1"}  # its workers pin nothing
     finally:
@@ -195,3 +196,89 @@ def test_a_second_copy_stands_aside_until_the_first_is_killed(one_gpu_tree, tmp_
     report = json.loads(third.stdout)
     assert report["pinned"] is True and report["workers"][0]["cpus"] == [0]
     assert report["result_cpu"] == 1
+
+
+# --- the host's view: cpupin ps and audit on a running runtime ----------------------
+
+
+def test_ps_and_audit_see_the_runtimes_pins_from_outside(one_gpu_tree, tmp_path):
+    """A server under auto with one worker (this machine's two CPUs fit one
+    pinned worker and the result CPU): ps lists the server's record and both
+    processes' pins; audit passes --fail-on-narrow on the worker until a
+    thread is pinned by hand."""
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
+    done = tmp_path / "looked"
+    proc = subprocess.Popen(
+        [*copy_args(one_gpu_tree, lock_dir), "--linger-file", str(done)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    cpupin_cmd = [sys.executable, "-m", "cpupin"]
+    try:
+        line = ""
+        while "worker 0 pid" not in line:
+            line = proc.stderr.readline()
+            assert line, "the runtime exited before starting its worker"
+        worker = int(line.split()[-1])
+        view = {}
+        for _ in range(3000):  # until the worker's three step pins are registered
+            out = subprocess.run(
+                [*cpupin_cmd, "ps", "--json", "--interval", "0.05", "--lock-dir", str(lock_dir)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            view = json.loads(out.stdout)
+            pins = {p["pid"]: p["pins"] for p in view["processes"] if p["live"]}
+            if len(pins.get(worker, [])) == 3 and proc.pid in pins:
+                break
+            time.sleep(0.05)
+        (server,) = view["servers"]
+        assert server["live"] and server["pid"] == proc.pid and server["setting"] == "auto"
+        assert server["workers"] == [{"device": "0000:01:00.0", "cpus": [0]}]
+        assert server["result_cpu"] == 1
+        roles = {p["pid"]: sorted(x["role"] for x in p["pins"]) for p in view["processes"]}
+        assert roles[worker] == ["step", "step", "step"] and roles[proc.pid] == ["result"]
+        worker_view = next(p for p in view["processes"] if p["pid"] == worker)
+        assert {t["name"] for t in worker_view["threads"]} == {
+            "worker0-main",
+            "worker0-gpu",
+            "worker0-plan",
+        }
+        assert all(t["on_its_pin"] and t["cpus"] == [0] for t in worker_view["threads"])
+        audit = [*cpupin_cmd, "audit", str(worker), "--fail-on-narrow"]
+        passed = subprocess.run(audit, capture_output=True, text=True, check=False)
+        assert passed.returncode == 0, passed.stdout + passed.stderr
+        assert "3 registered pin(s)" in passed.stdout
+        # A thread pinned by hand, behind cpupin's back: one on the process mask.
+        registered = {p["tid"] for p in worker_view["pins"]}
+        loose = next(
+            int(tid)
+            for tid in sorted(os.listdir(f"/proc/{worker}/task"))
+            if int(tid) not in registered and os.sched_getaffinity(int(tid)) == {0, 1}
+        )
+        os.sched_setaffinity(loose, {1})
+        failed = subprocess.run(audit, capture_output=True, text=True, check=False)
+        assert failed.returncode == 1 and f"({loose})" in failed.stdout
+        assert "1 narrower thread(s) not registered" in failed.stdout
+        done.touch()
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    finally:
+        done.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # The processes are gone: their records went with them; the lock file's
+    # record stays, stale, since nobody holds the lock.
+    after = subprocess.run(
+        [*cpupin_cmd, "ps", "--json", "--interval", "0.01", "--lock-dir", str(lock_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    view = json.loads(after.stdout)
+    assert view["processes"] == []
+    assert [s["live"] for s in view["servers"]] == [False]

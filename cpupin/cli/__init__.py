@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from cpupin import __version__
 from cpupin.errors import excerpt
 
-from . import bind, doctor, handoff, plan, threads, top, topo
+from . import bind, doctor, handoff, plan, ps, threads, top, topo
 
 __all__ = ["REPORT", "build_parser", "main"]
 
@@ -30,7 +30,7 @@ REPORT = "https://github.com/cpupin/cpupin/issues"
 Handler = Callable[[argparse.Namespace], int]
 
 #: The subcommands in the order --help lists them.
-COMMANDS = (threads, topo, plan, top, handoff, bind, doctor)
+COMMANDS = (threads, topo, plan, top, handoff, bind, doctor, ps)
 
 
 def build_parser() -> argparse.ArgumentParser:

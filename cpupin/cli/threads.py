@@ -73,25 +73,40 @@ def run_threads(args: argparse.Namespace) -> int:
 def run_audit(args: argparse.Namespace) -> int:
     report = audit(args.pid)
     narrow = report.narrower
+    # With a record, only threads that are not registered pins fail; without
+    # one, a deliberate pin and a stray look the same: every narrower thread.
+    failing = (
+        report.strays
+        if report.registered
+        else [(tid, name, cpus) for cpus, members in narrow.items() for tid, name in members]
+    )
     if args.json:
         _args.print_json(report.as_dict())
     else:
         mask = report.process_mask
         print(
             f"pid {args.pid}: {_count(report.threads, 'thread')}; process mask "
-            f"{format_cpulist(mask)} "
-            f"({report.process_mask_from})"
+            f"{format_cpulist(mask)} ({report.process_mask_from})"
         )
         print(f"  {len(report.groups.get(mask, []))} thread(s) on the process mask")
         for cpus, members in sorted(narrow.items(), key=lambda kv: sorted(kv[0])):
-            names = ", ".join(f"{name} ({tid})" for tid, name in members)
-            print(f"  on {format_cpulist(cpus)}: {names}")
-        if narrow:
-            print(
-                "  From outside, a deliberate pin and a stray look the same; inside the "
-                "process, cpupin.stray_threads() tells them apart."
+            names = ", ".join(
+                f"{name} ({tid}{', registered' if tid in report.deliberate else ''})"
+                for tid, name in members
             )
-    return 1 if narrow and args.fail_on_narrow else 0
+            print(f"  on {format_cpulist(cpus)}: {names}")
+        if report.registered:
+            print(
+                f"  {len(report.deliberate)} registered pin(s) (its record in the lock "
+                f"directory); {len(report.strays)} narrower thread(s) not registered"
+            )
+        elif narrow:
+            print(
+                "  No record of this process in the lock directory: from outside, a "
+                "deliberate pin and a stray look the same; inside the process, "
+                "cpupin.stray_threads() tells them apart."
+            )
+    return 1 if failing and args.fail_on_narrow else 0
 
 
 def _count(n: int, noun: str) -> str:
