@@ -338,10 +338,13 @@ def pin_current_thread(
 def _publish() -> None:
     """This process's record of its pins in the lock directory (called with
     _pins_lock held): what ``cpupin ps`` and audits read from outside."""
+    # Only threads still running: a pinned thread that exited without
+    # releasing its pin leaves the record with it.
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     registry.register_pins(
-        registry.Pinned(tid, names.get(tid, ""), cpus, _roles.get(tid, "pinned"))
+        registry.Pinned(tid, names[tid], cpus, _roles.get(tid, "pinned"))
         for tid, cpus in _pins.items()
+        if tid in names
     )
 
 
