@@ -118,3 +118,15 @@ def run_python(code, env=None):
     out = run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+@contextmanager
+def sleeper_on(cpu):
+    """A child process asleep on CPU ``cpu`` alone; yields it, kills it after."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.sched_setaffinity(child.pid, {cpu})
+        yield child
+    finally:
+        child.kill()
+        child.wait()

@@ -14,6 +14,8 @@ import pytest
 import cpupin
 from cpupin.cli import main
 
+from .helpers import sleeper_on
+
 GPU7 = "0000:fa:00.0"  # the second GPU of node 3 on xeon6-b300
 
 
@@ -96,21 +98,12 @@ def test_threads_json_lists_this_process(capsys):
 
 
 def test_threads_of_another_process_shows_its_mask_not_ours(capsys, two_cpus):
-    child = subprocess.Popen(
-        ["taskset", "-c", str(two_cpus[1]), "sleep", "30"]
-        if os.path.exists("/usr/bin/taskset")
-        else [sys.executable, "-c", "import time; time.sleep(30)"]
-    )
-    try:
-        os.sched_setaffinity(child.pid, {two_cpus[1]})
+    with sleeper_on(two_cpus[1]) as child:
         assert main(["threads", str(child.pid)]) == 0
         out = capsys.readouterr().out
         head, columns, row = out.splitlines()[:3]
         assert f"pid {child.pid}: 1 thread; process mask {two_cpus[1]}" in head
         assert columns.split()[-1] == "mask" and row.split()[-1] == str(two_cpus[1])
-    finally:
-        child.kill()
-        child.wait()
 
 
 # --- cpupin plan ---------------------------------------------------------

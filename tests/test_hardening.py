@@ -14,7 +14,7 @@ import pytest
 import cpupin
 from cpupin import _native, sampling, threads
 
-from .helpers import run_python
+from .helpers import run_python, sleeper_on
 
 BAD_IDS = [-1, 1 << 22, 2**31, 2**31 + 5, 2**64, 2**64 + 1, 1 << 20000]
 IDS = ["-1", "2^22", "2^31", "2^31+5", "2^64", "2^64+1", "2^20000"]
@@ -110,20 +110,11 @@ def test_a_pin_released_after_its_thread_exited_leaves_a_reusing_child_alone(two
     t.start()
     t.join()
     pin = box["pin"]
-    child = subprocess.Popen(
-        ["taskset", "-c", str(two_cpus[1]), "sleep", "30"]
-        if os.path.exists("/usr/bin/taskset")
-        else [sys.executable, "-c", "import time; time.sleep(30)"]
-    )
-    try:
-        os.sched_setaffinity(child.pid, {two_cpus[1]})
+    with sleeper_on(two_cpus[1]) as child:
         pin.tid = child.pid  # the tid now names a task outside this process
         pin.previous = frozenset({two_cpus[0]})
         pin.release()
         assert os.sched_getaffinity(child.pid) == {two_cpus[1]}
-    finally:
-        child.kill()
-        child.wait()
 
 
 def test_a_pin_released_from_another_thread_restores_a_live_thread(two_cpus):

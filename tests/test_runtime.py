@@ -201,6 +201,26 @@ def test_a_second_copy_stands_aside_until_the_first_is_killed(one_gpu_tree, tmp_
 # --- the host's view: cpupin ps and audit on a running runtime ----------------------
 
 
+def ps_json(lock_dir, interval):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cpupin",
+            "ps",
+            "--json",
+            "--interval",
+            interval,
+            "--lock-dir",
+            str(lock_dir),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
 def test_ps_and_audit_see_the_runtimes_pins_from_outside(one_gpu_tree, tmp_path):
     """A server under auto with one worker (this machine's two CPUs fit one
     pinned worker and the result CPU): ps lists the server's record and both
@@ -224,13 +244,7 @@ def test_ps_and_audit_see_the_runtimes_pins_from_outside(one_gpu_tree, tmp_path)
         worker = int(line.split()[-1])
         view = {}
         for _ in range(3000):  # until the worker's three step pins are registered
-            out = subprocess.run(
-                [*cpupin_cmd, "ps", "--json", "--interval", "0.05", "--lock-dir", str(lock_dir)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            view = json.loads(out.stdout)
+            view = ps_json(lock_dir, "0.05")
             pins = {p["pid"]: p["pins"] for p in view["processes"] if p["live"]}
             if len(pins.get(worker, [])) == 3 and proc.pid in pins:
                 break
@@ -273,12 +287,6 @@ def test_ps_and_audit_see_the_runtimes_pins_from_outside(one_gpu_tree, tmp_path)
             proc.wait()
     # The processes are gone: their records went with them; the lock file's
     # record stays, stale, since nobody holds the lock.
-    after = subprocess.run(
-        [*cpupin_cmd, "ps", "--json", "--interval", "0.01", "--lock-dir", str(lock_dir)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    view = json.loads(after.stdout)
+    view = ps_json(lock_dir, "0.01")
     assert view["processes"] == []
     assert [s["live"] for s in view["servers"]] == [False]
