@@ -54,7 +54,9 @@ PID = st.sampled_from([str(os.getpid()), "1"]) | JUNK
 @st.composite
 def argvs(draw):
     command = draw(
-        st.sampled_from(["topo", "plan", "threads", "audit", "top", "handoff", "doctor", "bogus"])
+        st.sampled_from(
+            ["topo", "plan", "threads", "audit", "top", "handoff", "doctor", "ps", "exec", "bogus"]
+        )
     )
     argv = [command]
 
@@ -100,9 +102,27 @@ def argvs(draw):
         maybe("--idle-us", draw(st.sampled_from(["0", "10", "-1", "1e9", "x"])))
     elif command == "doctor":
         where(required=True)
+    elif command == "ps":
+        argv.extend(["--interval", draw(st.just("0.01") | JUNK.filter(_not_seconds))])
+        maybe("--lock-dir", draw(st.sampled_from(["/tmp", "/nonexistent", "/dev/null"]) | JUNK))
+        maybe("--prometheus")
+    elif command == "exec":
+        # Always a dry run: a real one would replace this process.
+        target = draw(st.sampled_from(["--gpu", "--device", "--node", "--local-rank", None]))
+        if target == "--local-rank":
+            argv.append(target)
+        elif target is not None:
+            argv.extend([target, draw(st.sampled_from(["0", "0000:18:00.0"]) | JUNK)])
+        maybe("--cpus", draw(st.sampled_from(["node", "keep"]) | JUNK))
+        maybe("--memory", draw(st.sampled_from(["preferred", "bind", "none"]) | JUNK))
+        where()
+        maybe("--mask", draw(st.sampled_from(["0-7"]) | JUNK))
+        argv.append("--dry-run")
+        if draw(st.booleans()):
+            argv.extend(["--", draw(st.sampled_from(["python", "true"]) | JUNK)])
     if command not in ("bogus",):
         maybe("--json")
-    if draw(st.integers(0, 9)) == 0:
+    if draw(st.integers(0, 9)) == 0 and command != "exec":
         argv.insert(draw(st.integers(0, len(argv))), draw(JUNK))
     return argv
 
