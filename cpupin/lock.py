@@ -47,19 +47,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from . import registry
+from ._native import PID_LIMIT
+from .registry import ENV_LOCK_DIR
 from .topology import parse_pci_address
 
 __all__ = ["ENV_LOCK_DIR", "Claim", "claim_gpus", "lock_path"]
-
-#: The environment variable naming the shared lock directory.
-ENV_LOCK_DIR = "CPUPIN_LOCK_DIR"
-
-
-def _lock_dir(lock_dir: str | os.PathLike[str] | None) -> str:
-    if lock_dir is not None:
-        return os.fspath(lock_dir)
-    return os.environ.get(ENV_LOCK_DIR) or "/tmp"
-
 
 def _file_name(address: str) -> str:
     return f"cpupin-gpu-{address}.lock"
@@ -67,7 +59,7 @@ def _file_name(address: str) -> str:
 
 def lock_path(address: str, lock_dir: str | os.PathLike[str] | None = None) -> str:
     """The lock file of a GPU (``address`` in any spelling)."""
-    return os.path.join(_lock_dir(lock_dir), _file_name(parse_pci_address(address)))
+    return os.path.join(registry.lock_dir(lock_dir), _file_name(parse_pci_address(address)))
 
 
 @dataclass
@@ -162,7 +154,7 @@ def _holder(fd: int) -> str:
         pid = record.get("pid")
     except (OSError, ValueError):
         return ""
-    if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 22:
+    if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < PID_LIMIT:
         return f" (pid {pid})"
     return ""
 
@@ -324,7 +316,7 @@ def claim_gpus(addresses: Iterable[str], lock_dir: str | os.PathLike[str] | None
     cannot be taken: the :class:`Claim` is then false, with the reason.
     """
     canonical = tuple(dict.fromkeys(parse_pci_address(a) for a in addresses))
-    directory = _lock_dir(lock_dir)
+    directory = registry.lock_dir(lock_dir)
     paths = {a: os.path.join(directory, _file_name(a)) for a in canonical}
     if not canonical:
         return Claim((), True, "no GPU to claim", paths, _generation)

@@ -74,6 +74,9 @@ MAX_PINS = 4096
 
 
 def lock_dir(directory: str | os.PathLike[str] | None = None) -> str:
+    """The shared lock directory: ``directory``, else ``$CPUPIN_LOCK_DIR``,
+    else ``/tmp``. The locks, the servers' records and the pin records all
+    live there."""
     if directory is not None:
         return os.fspath(directory)
     return os.environ.get(ENV_LOCK_DIR) or "/tmp"
@@ -398,32 +401,40 @@ def read_registry(directory: str | os.PathLike[str] | None = None) -> Registry:
 # --- this process's record --------------------------------------------------
 
 _lock = threading.Lock()
-_pins: dict[int, Pinned] = {}
 _written: str | None = None
+# This process's record path in each directory: its pid and start time do
+# not change (a forked child starts afresh).
+_paths: dict[str, tuple[str, int]] = {}
 #: ``CPUPIN_REGISTRY=0`` keeps this process from writing its record.
 _disabled = os.environ.get("CPUPIN_REGISTRY") == "0"
 
 
 def _record_path(directory: str) -> tuple[str, int]:
-    pid = os.getpid()
-    started = start_time(pid) or 0
-    return os.path.join(directory, f"cpupin-proc-{pid}-{started}.json"), started
+    found = _paths.get(directory)
+    if found is None:
+        pid = os.getpid()
+        started = start_time(pid) or 0
+        found = _paths[directory] = (
+            os.path.join(directory, f"cpupin-proc-{pid}-{started}.json"),
+            started,
+        )
+    return found
 
 
 def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
     """Write this process's record of its deliberate pins (all of them: the
     record is replaced whole), or remove it when there are none. Best effort:
-    a directory that cannot take it logs once at debug level and moves on."""
+    a directory that cannot take it logs at debug level and moves on."""
     global _written
+    listed = sorted(pins, key=lambda p: p.tid)
     with _lock:
         if _disabled:
             return
-        _pins.clear()
-        _pins.update({p.tid: p for p in pins})
         where = lock_dir(directory)
         path, started = _record_path(where)
+        tmp = None
         try:
-            if not _pins:
+            if not listed:
                 if _written is not None:
                     os.unlink(_written)
                     _written = None
@@ -436,7 +447,7 @@ def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
                 "time": round(time.time(), 3),
                 "pins": [
                     {"tid": p.tid, "name": p.name, "cpus": sorted(p.cpus), "role": p.role}
-                    for p in sorted(_pins.values(), key=lambda p: p.tid)
+                    for p in listed
                 ],
             }
             data = encode(record, size=None)
@@ -453,10 +464,11 @@ def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
             _written = path
         except OSError as exc:
             log.debug("cpupin: no process record in %s: %s", where, exc.strerror)
-            try:
-                os.unlink(tmp)
-            except (OSError, UnboundLocalError):
-                pass
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
 
 
 def _remove_at_exit() -> None:
@@ -473,7 +485,7 @@ def _after_fork_in_child() -> None:
     # The child is another process: its parent's record is not its own.
     global _written, _lock
     _written = None
-    _pins.clear()
+    _paths.clear()
     _lock = threading.Lock()
 
 
