@@ -66,6 +66,7 @@ def to_process_mask() -> None:
 
 # Process masks already warned about: the warning is logged once each.
 _warned: set[frozenset[int]] = set()
+_warned_lock = threading.Lock()
 
 
 def _fit_process_mask(cpus: frozenset[int]) -> None:
@@ -80,7 +81,7 @@ def _fit_process_mask(cpus: frozenset[int]) -> None:
         except ValueError:
             pass  # the kernel set what it allows of it, or left the mask alone
     now = _native.get_affinity()
-    with _pins_lock:
+    with _warned_lock:
         if cpus in _warned:
             return
         _warned.add(cpus)
@@ -218,8 +219,8 @@ class ThreadPool(ThreadPoolExecutor):
 
 # --- pins ------------------------------------------------------------------
 
-_pins: dict[int, frozenset[int]] = {}
-_roles: dict[int, str] = {}
+# The registered pins: tid to (CPUs, role).
+_pins: dict[int, tuple[frozenset[int], str]] = {}
 _pins_lock = threading.Lock()
 _warmups: list[Callable[[], object]] = []
 
@@ -274,10 +275,9 @@ class Pin:
             return
         self._released = True
         with _pins_lock:
-            if _pins.get(self.tid) == self.cpus:
+            if self.tid in _pins and _pins[self.tid][0] == self.cpus:
                 del _pins[self.tid]
-                _roles.pop(self.tid, None)
-            _publish()
+                _publish()
         if self.tid == _native.gettid():
             _native.set_affinity(self.previous)
             return
@@ -329,8 +329,7 @@ def pin_current_thread(
     previous = _native.get_affinity()
     _native.set_affinity(wanted)
     with _pins_lock:
-        _pins[tid] = wanted
-        _roles[tid] = role
+        _pins[tid] = (wanted, role)
         _publish()
     return Pin(tid, wanted, previous, _started=start_time(0, tid))
 
@@ -342,8 +341,8 @@ def _publish() -> None:
     # releasing its pin leaves the record with it.
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     registry.register_pins(
-        registry.Pinned(tid, names[tid], cpus, _roles.get(tid, "pinned"))
-        for tid, cpus in _pins.items()
+        registry.Pinned(tid, names[tid], cpus, role)
+        for tid, (cpus, role) in _pins.items()
         if tid in names
     )
 
@@ -380,13 +379,13 @@ def pin_step_thread(cpus: Iterable[int] | str, name: str | None = None, role: st
 def pinned_roles() -> dict[int, tuple[str, frozenset[int]]]:
     """The registered pins with their roles: tid to (role, CPUs)."""
     with _pins_lock:
-        return {tid: (_roles.get(tid, "pinned"), cpus) for tid, cpus in _pins.items()}
+        return {tid: (role, cpus) for tid, (cpus, role) in _pins.items()}
 
 
 def pinned_threads() -> dict[int, frozenset[int]]:
     """The registered pins: tid to CPUs."""
     with _pins_lock:
-        return dict(_pins)
+        return {tid: cpus for tid, (cpus, _) in _pins.items()}
 
 
 class ThreadInfo(NamedTuple):
@@ -408,8 +407,7 @@ def stray_threads() -> list[ThreadInfo]:
     with _pins_lock:
         for tid in [t for t in _pins if t not in alive]:
             del _pins[tid]  # its thread is gone; the tid may come back
-            _roles.pop(tid, None)
-        pins = dict(_pins)
+        pins = {tid: cpus for tid, (cpus, _) in _pins.items()}
     return [
         ThreadInfo(st.tid, st.name, cpus)
         for st, cpus in threads
