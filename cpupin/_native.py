@@ -179,15 +179,29 @@ def _thread_io(nwords: int = 0) -> Any:
 _masks: dict[object, frozenset[int]] = {}
 
 
-def _key_set(key: int | tuple[int, ...]) -> frozenset[int]:
-    words = (key,) if isinstance(key, int) else key
-    cpus = []
+def _bits_of(words: Iterable[int]) -> frozenset[int]:
+    """The numbers set in 64-bit words, word i holding 64*i to 64*i+63: a
+    CPU mask or a node mask as the C layer passes it."""
+    out = []
     for i, word in enumerate(words):
         while word:
             bit = word & -word
-            cpus.append(64 * i + bit.bit_length() - 1)
+            out.append(64 * i + bit.bit_length() - 1)
             word ^= bit
-    cpus_set = frozenset(cpus)
+    return frozenset(out)
+
+
+def _words_of(numbers: Iterable[int], nwords: int) -> list[int]:
+    """The 64-bit words of a set of numbers, at least ``nwords`` of them."""
+    wanted = list(numbers)
+    words = [0] * max(nwords, max(wanted, default=-1) // 64 + 1)
+    for n in wanted:
+        words[n >> 6] |= 1 << (n & 63)
+    return words
+
+
+def _key_set(key: int | tuple[int, ...]) -> frozenset[int]:
+    cpus_set = _bits_of((key,) if isinstance(key, int) else key)
     if len(_masks) >= 4096:
         _masks.clear()
     _masks[key] = cpus_set
@@ -296,9 +310,7 @@ def _encode(cpus: frozenset[int], tid: int) -> tuple[list[int], object]:
                 f"{format_cpulist(online)}"
             )
     # Wide enough for the kernel (_nwords) and for the highest CPU asked.
-    words = [0] * max(_nwords, max(cpus) // 64 + 1)
-    for cpu in cpus:
-        words[cpu >> 6] |= 1 << (cpu & 63)
+    words = _words_of(cpus, _nwords)
     used = len(words)
     while words[used - 1] == 0:
         used -= 1
@@ -556,14 +568,11 @@ _NODE_WORDS = 16
 def set_mempolicy(mode: int, nodes: Iterable[int] = ()) -> int:
     """Set the calling thread's memory policy: 0, or ``-errno`` (the caller
     decides what a refusal means; see :mod:`cpupin.binding`)."""
-    wanted = sorted(set(nodes))
-    if wanted and wanted[-1] >= 64 * _NODE_WORDS:
+    wanted = set(nodes)
+    if wanted and max(wanted) >= 64 * _NODE_WORDS:
         return -errno.EINVAL
-    nwords = wanted[-1] // 64 + 1 if wanted else 0
-    words = [0] * max(nwords, 1)
-    for node in wanted:
-        words[node >> 6] |= 1 << (node & 63)
-    return int(lib.cpupin_set_mempolicy(mode, ffi.new(_WORDS, words), nwords))
+    words = _words_of(wanted, 0)
+    return int(lib.cpupin_set_mempolicy(mode, ffi.new(_WORDS, words or [0]), len(words)))
 
 
 def get_mempolicy() -> tuple[int, frozenset[int]]:
@@ -574,13 +583,7 @@ def get_mempolicy() -> tuple[int, frozenset[int]]:
     rc = lib.cpupin_get_mempolicy(mode, words, _NODE_WORDS)
     if rc < 0:
         raise_oserror(rc, "the memory policy of the calling thread")
-    nodes = []
-    for i, word in enumerate(ffi.unpack(words, _NODE_WORDS)):
-        while word:
-            bit = word & -word
-            nodes.append(64 * i + bit.bit_length() - 1)
-            word ^= bit
-    return int(mode[0]), frozenset(nodes)
+    return int(mode[0]), _bits_of(ffi.unpack(words, _NODE_WORDS))
 
 
 #: The longest kernel thread name, in bytes (TASK_COMM_LEN less the NUL).

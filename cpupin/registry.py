@@ -161,8 +161,8 @@ class Record:
     pid: int
     start_time: int
     uid: int
-    live: bool
     why_stale: str
+    """Empty for a live record; else why it is stale."""
     setting: str = ""
     devices: tuple[str, ...] = ()
     workers: tuple[tuple[str, frozenset[int]], ...] = ()
@@ -170,6 +170,10 @@ class Record:
     process_mask: frozenset[int] = frozenset()
     pins: tuple[Pinned, ...] = ()
     time: float = 0.0
+
+    @property
+    def live(self) -> bool:
+        return not self.why_stale
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -311,7 +315,6 @@ def _server(path: str, record: dict[str, object], info: os.stat_result, holders:
         pid,
         started,
         uid,
-        not why,
         why,
         setting,
         tuple(_text(d, "device") for d in devices),
@@ -346,7 +349,7 @@ def _process(path: str, record: dict[str, object], info: os.stat_result) -> Reco
         status = _uid_of(pid)
         if status is not None and status not in (0, uid):
             why = f"pid {pid} runs as uid {status}, not the record's uid {uid}"
-    return Record("process", path, pid, started, uid, not why, why, pins=tuple(pins), time=when)
+    return Record("process", path, pid, started, uid, why, pins=tuple(pins), time=when)
 
 
 def _uid_of(pid: int) -> int | None:
