@@ -53,6 +53,7 @@ from .topology import parse_pci_address
 
 __all__ = ["ENV_LOCK_DIR", "Claim", "claim_gpus", "lock_path"]
 
+
 def _file_name(address: str) -> str:
     return f"cpupin-gpu-{address}.lock"
 

@@ -17,10 +17,18 @@ from dataclasses import dataclass
 from . import _native
 from .cpulist import format_cpulist, parse_cpulist
 from .process import ENV_PROCESS_CPUS, process_cpus, start_time, thread_masks
-from .registry import ENV_LOCK_DIR, Registry, read_registry
+from .registry import ENV_LOCK_DIR, Record, Registry, read_registry
 from .threads import pinned_threads
 
-__all__ = ["Audit", "Sampler", "ThreadSample", "audit", "process_mask_of", "sample_threads"]
+__all__ = [
+    "Audit",
+    "Sampler",
+    "ThreadSample",
+    "audit",
+    "host_view",
+    "process_mask_of",
+    "sample_threads",
+]
 
 
 _ENVIRON_LIMIT = 4 << 20
@@ -251,3 +259,80 @@ def audit(pid: int, registry: Registry | None = None) -> Audit:
     pins = {p.tid: p.cpus for p in found.pins_of(pid)}
     deliberate = frozenset(st.tid for st, cpus in threads if pins.get(st.tid) == cpus)
     return Audit(pid, mask, source, ordered, found.knows(pid), deliberate)
+
+
+def _sample(processes: list[Record], interval: float) -> dict[int, list[ThreadSample] | str]:
+    """Each live process sampled over the same interval; a reason for one
+    that exited meanwhile."""
+    samplers: dict[int, Sampler | str] = {}
+    for record in processes:
+        try:
+            samplers[record.pid] = Sampler(record.pid).start()
+        except (OSError, ValueError) as exc:
+            samplers[record.pid] = str(exc)
+    time.sleep(interval)
+    out: dict[int, list[ThreadSample] | str] = {}
+    for pid, sampler in samplers.items():
+        if isinstance(sampler, str):
+            out[pid] = sampler
+            continue
+        try:
+            out[pid] = sampler.stop()
+        except (OSError, ValueError) as exc:
+            out[pid] = str(exc)
+    return out
+
+
+def host_view(registry: Registry, interval: float) -> dict[str, object]:
+    """The host's view (what ``cpupin ps`` shows) as one JSON-ready document:
+    the registry's servers and processes, each live process's registered pins
+    sampled over ``interval`` seconds, the unregistered threads found on a
+    pinned CPU (interlopers), and the files ignored with why."""
+    live = [r for r in registry.records if r.kind == "process" and r.live]
+    samples = _sample(live, interval) if live else {}
+    processes = []
+    for record in (r for r in registry.records if r.kind == "process"):
+        entry = record.as_dict()
+        entry.update(threads=[], interlopers=[], sample_error=None)
+        got = samples.get(record.pid)
+        if record.live and isinstance(got, list):
+            by_tid = {s.tid: s for s in got}
+            pinned = {p.tid: p for p in record.pins}
+            threads = []
+            for pin in record.pins:
+                s = by_tid.get(pin.tid)
+                threads.append(
+                    {
+                        "tid": pin.tid,
+                        "name": s.name if s else pin.name,
+                        "role": pin.role,
+                        "cpus": sorted(pin.cpus),
+                        "cpus_list": format_cpulist(pin.cpus),
+                        "alive": s is not None,
+                        "on_its_pin": s is not None and s.mask == pin.cpus,
+                        "cpu_ms_per_s": round(s.cpu_ms_per_s, 2) if s else None,
+                        "wait_ms_per_s": round(s.wait_ms_per_s, 2) if s else None,
+                    }
+                )
+            cores = frozenset().union(*(p.cpus for p in record.pins))
+            interlopers = [
+                {
+                    "tid": s.tid,
+                    "name": s.name,
+                    "mask": sorted(s.mask),
+                    "mask_list": format_cpulist(s.mask),
+                }
+                for s in got
+                if s.tid not in pinned and s.mask <= cores
+            ]
+            entry.update(threads=threads, interlopers=interlopers)
+        elif record.live:
+            entry["sample_error"] = got
+        processes.append(entry)
+    return {
+        "lock_dir": registry.directory,
+        "interval_s": interval,
+        "servers": [r.as_dict() for r in registry.records if r.kind == "server"],
+        "processes": processes,
+        "ignored": [{"path": path, "reason": reason} for path, reason in registry.ignored],
+    }

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from cpupin.cpulist import format_cpulist
-from cpupin.registry import Record, Registry, lock_dir, read_registry
-from cpupin.sampling import Sampler, ThreadSample
+from cpupin.registry import Registry, lock_dir, read_registry
+from cpupin.sampling import host_view
 
 from . import _args
 
@@ -37,85 +36,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ps.set_defaults(handler=run)
 
 
-def _sample(processes: list[Record], interval: float) -> dict[int, list[ThreadSample] | str]:
-    """Each live process sampled over the same interval; a reason for one
-    that exited meanwhile."""
-    samplers: dict[int, Sampler | str] = {}
-    for record in processes:
-        try:
-            samplers[record.pid] = Sampler(record.pid).start()
-        except (OSError, ValueError) as exc:
-            samplers[record.pid] = str(exc)
-    time.sleep(interval)
-    out: dict[int, list[ThreadSample] | str] = {}
-    for pid, sampler in samplers.items():
-        if isinstance(sampler, str):
-            out[pid] = sampler
-            continue
-        try:
-            out[pid] = sampler.stop()
-        except (OSError, ValueError) as exc:
-            out[pid] = str(exc)
-    return out
-
-
-def view(registry: Registry, interval: float) -> dict[str, object]:
-    """The host's view as one JSON-ready document."""
-    live = [r for r in registry.records if r.kind == "process" and r.live]
-    samples = _sample(live, interval) if live else {}
-    processes = []
-    for record in (r for r in registry.records if r.kind == "process"):
-        entry = record.as_dict()
-        entry.update(threads=[], interlopers=[], sample_error=None)
-        got = samples.get(record.pid)
-        if record.live and isinstance(got, list):
-            by_tid = {s.tid: s for s in got}
-            pinned = {p.tid: p for p in record.pins}
-            threads = []
-            for pin in record.pins:
-                s = by_tid.get(pin.tid)
-                threads.append(
-                    {
-                        "tid": pin.tid,
-                        "name": s.name if s else pin.name,
-                        "role": pin.role,
-                        "cpus": sorted(pin.cpus),
-                        "cpus_list": format_cpulist(pin.cpus),
-                        "alive": s is not None,
-                        "on_its_pin": s is not None and s.mask == pin.cpus,
-                        "cpu_ms_per_s": round(s.cpu_ms_per_s, 2) if s else None,
-                        "wait_ms_per_s": round(s.wait_ms_per_s, 2) if s else None,
-                    }
-                )
-            cores = frozenset().union(*(p.cpus for p in record.pins))
-            interlopers = [
-                {
-                    "tid": s.tid,
-                    "name": s.name,
-                    "mask": sorted(s.mask),
-                    "mask_list": format_cpulist(s.mask),
-                }
-                for s in got
-                if s.tid not in pinned and s.mask <= cores
-            ]
-            entry.update(threads=threads, interlopers=interlopers)
-        elif record.live:
-            entry["sample_error"] = got
-        processes.append(entry)
-    return {
-        "lock_dir": registry.directory,
-        "interval_s": interval,
-        "servers": [r.as_dict() for r in registry.records if r.kind == "server"],
-        "processes": processes,
-        "ignored": [{"path": path, "reason": reason} for path, reason in registry.ignored],
-    }
-
-
 def run(args: argparse.Namespace) -> int:
     registry = read_registry(lock_dir(args.lock_dir))
     if args.prometheus:
         return _prometheus(registry)
-    data = view(registry, args.interval)
+    data = host_view(registry, args.interval)
     if args.json:
         _args.print_json(data)
         return 0
