@@ -163,8 +163,14 @@ def test_pins_are_registered_with_their_roles_and_removed(lock_dir):
 
 
 def test_a_process_record_goes_with_its_process(lock_dir):
-    code = "import cpupin; cpupin.pin_current_thread(cpupin.process_cpus(), role='result')"
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+    code = textwrap.dedent("""
+        import glob, os, cpupin
+        cpupin.pin_current_thread(cpupin.process_cpus(), role="result")
+        mine = glob.glob(os.path.join(os.environ["CPUPIN_LOCK_DIR"], "cpupin-proc-*"))
+        print(len(mine))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "1"  # it was there while the process lived
     assert registry.read_registry().records == []
 
 
