@@ -36,6 +36,7 @@ node (``numa_node`` -1 on a host of several nodes) binds nothing, unless its
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -185,7 +186,19 @@ def decide_binding(
             )
         else:
             policy, nodes = memory, frozenset({target})
+    if policy != "none" and target is not None and not new & _node_cpus(host, target):
+        homes = sorted(n.id for n in host.nodes if n.cpus & new)
+        reasons.append(
+            f"so its CPUs (node {format_cpulist(homes) or '?'}) and its memory (node {target}) "
+            "are on different nodes, and every access to memory crosses between them: give "
+            f"the process CPUs of node {target} (the launcher's CPU set), or pass "
+            "memory='none' (--memory none) to keep memory with the CPUs"
+        )
     return Binding(device, target, new, policy, nodes, "; ".join(reasons))
+
+
+def _node_cpus(host: Host, node: int) -> frozenset[int]:
+    return next((n.cpus for n in host.nodes if n.id == node), frozenset())
 
 
 def _check_modes(cpus: object, memory: object) -> None:
@@ -288,24 +301,37 @@ def bind_process(
         mems_allowed=read_mems_allowed(os.fspath(root)),
     )
     if cpus == "node":
-        _move_every_thread(decided.cpus)
+        left = _move_every_thread(decided.cpus)
         set_process_cpus(decided.cpus)
+        if left:
+            reason = f"{decided.reason}; {left}" if decided.reason else left
+            decided = dataclasses.replace(decided, reason=reason)
     return _apply_memory(decided, strict)
 
 
-def _move_every_thread(cpus: frozenset[int]) -> None:
+#: Passes over the thread list before a binding gives up on threads that
+#: keep starting while it runs.
+_MOVE_PASSES = 8
+
+
+def _move_every_thread(cpus: frozenset[int]) -> str:
     """Every thread of this process onto ``cpus``, or none: a move that fails
-    is undone and raised."""
+    is undone and raised. Threads started while it runs (a thread started
+    from one not yet moved inherits the old mask) are caught by another
+    pass over the list, until a pass finds nothing to move; returns why
+    some threads were left, or an empty string."""
     moved: list[tuple[int, frozenset[int]]] = []
     try:
-        for st, before in thread_masks():
-            if before == cpus:
-                continue
-            try:
-                _native.set_affinity(cpus, st.tid)
-            except ProcessLookupError:
-                continue  # exited meanwhile
-            moved.append((st.tid, before))
+        for _ in range(_MOVE_PASSES):
+            left = [(st.tid, before) for st, before in thread_masks() if before != cpus]
+            if not left:
+                return ""
+            for tid, before in left:
+                try:
+                    _native.set_affinity(cpus, tid)
+                except ProcessLookupError:
+                    continue  # exited meanwhile
+                moved.append((tid, before))
     except BaseException:
         for tid, before in moved:
             try:
@@ -313,6 +339,15 @@ def _move_every_thread(cpus: frozenset[int]) -> None:
             except (OSError, ValueError):
                 pass
         raise
+    stragglers = [st.tid for st, before in thread_masks() if before != cpus]
+    if not stragglers:
+        return ""
+    shown = ", ".join(map(str, stragglers[:8])) + ("..." if len(stragglers) > 8 else "")
+    return (
+        f"threads kept starting while the process was bound: {len(stragglers)} thread(s) "
+        f"(tid {shown}) are not on "
+        f"CPU {format_cpulist(cpus)}; bind before starting threads"
+    )
 
 
 def _apply_memory(decided: Binding, strict: bool) -> Binding:

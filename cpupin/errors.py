@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
-__all__ = ["PlanError", "UnsupportedPlatform", "excerpt"]
+__all__ = ["PlanError", "UnsupportedPlatform", "excerpt", "printable"]
 
 
 def excerpt(text: object, size: int = 40) -> str:
@@ -22,6 +23,41 @@ def excerpt(text: object, size: int = 40) -> str:
         text = repr(text)
     body = repr(text[:size])
     return body + ("..." if len(text) > size else "")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+# Control and format characters, lone surrogates (undecodable bytes of a file
+# name), and the backslash itself, so an escape cannot be forged.
+_UNSAFE = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff\\]"
+)
+
+
+def printable(text: str, size: int | None = None) -> str:
+    """``text`` safe to write to a terminal or a text file: control
+    characters (escape sequences, carriage returns, newlines), invisible
+    direction marks and bytes that were not UTF-8 become visible ``\\xNN``
+    escapes, and the result always encodes as UTF-8. With ``size``, at most
+    that many characters of ``text`` are kept (``…`` marks a cut). Thread
+    names, file names and record fields read from outside are printed only
+    through this (or :func:`excerpt`)."""
+    if not isinstance(text, str):
+        text = str(text)
+    cut = size is not None and len(text) > size
+    if cut:
+        text = text[: max(size or 0, 1) - 1]
+    if text.isprintable() and text.isascii() and "\\" not in text:
+        return text + ("…" if cut else "")
+    return _UNSAFE.sub(_escape, text) + ("…" if cut else "")
 
 
 class UnsupportedPlatform(OSError):

@@ -72,7 +72,9 @@ class _Held:
 
 # The locks this process holds, by GPU address, shared by its claims.
 _held: dict[str, _Held] = {}
-_held_lock = threading.Lock()
+# Re-entrant: a signal handler that closes a claim runs in the thread it
+# interrupted, which may be claiming.
+_held_lock = threading.RLock()
 _generation = 0
 
 
@@ -86,7 +88,7 @@ def _after_fork_in_child() -> None:
         except OSError:
             pass
     _held.clear()
-    _held_lock = threading.Lock()
+    _held_lock = threading.RLock()
     _generation += 1
 
 
@@ -213,6 +215,13 @@ def _lock_one(dir_fd: int, address: str, path: str, shared: bool) -> int:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise _Refused(f"{path} is not a regular file; remove it")
+            if info.st_nlink != 1:
+                # A second name for the lock's inode lets whoever made it
+                # lock or rewrite the file under another name.
+                raise _Refused(
+                    f"{path} has {info.st_nlink} hard links, so it can be reached by another "
+                    "name; remove it"
+                )
             _check_owner(info, path, shared)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -286,7 +295,15 @@ class Claim:
                 try:
                     if os.fstat(held.fd).st_size != len(data):
                         os.ftruncate(held.fd, len(data))  # ours alone: we hold the lock
-                    os.pwrite(held.fd, data, 0)
+                    # The slot's blocks are reserved first, so that a full
+                    # disk refuses here and the pwrite below cannot be short.
+                    try:
+                        os.posix_fallocate(held.fd, 0, len(data))
+                    except OSError as exc:
+                        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                            raise
+                    if os.pwrite(held.fd, data, 0) != len(data):
+                        raise OSError(errno.ENOSPC, "a short write")
                 except OSError as exc:
                     failed.append(f"{held.path}: {exc.strerror}")
         return "; ".join(failed)

@@ -8,19 +8,21 @@ exports, per thread,
 - ``cpupin_thread_runqueue_wait_seconds_total``: time runnable but waiting for
   a CPU (what queueing behind a pinned thread costs);
 
-both counters (Prometheus computes the rates), labelled ``tid``, ``name``,
-``role`` (the registered role of a deliberate pin, else empty) and ``cpus``
-(the thread's mask as a CPU list); and per process the gauges
+both counters (Prometheus computes the rates), labelled ``pid``, ``tid``,
+``name``, ``role`` (the registered role of a deliberate pin, else empty) and
+``cpus`` (the thread's mask as a CPU list); and per process the gauges
 ``cpupin_process_threads`` and ``cpupin_stray_threads`` (threads on a mask
 that is neither the process mask nor a registered pin). ``tid`` is the only
-label of high cardinality. ``prometheus_client`` is imported only when a
-collector is made.
+label of high cardinality. :class:`ProcessesCollector` exports the same
+families for many processes at once (``cpupin ps --prometheus``): each
+family once, every process's samples under it, as the exposition format
+requires. ``prometheus_client`` is imported only when a collector is made.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .cpulist import format_cpulist
@@ -29,7 +31,69 @@ from .registry import Registry, read_registry
 from .sampling import process_mask_of
 from .threads import pinned_roles
 
-__all__ = ["ThreadCollector"]
+__all__ = ["ProcessesCollector", "ThreadCollector"]
+
+_LABELS = ["pid", "tid", "name", "role", "cpus"]
+
+
+def _require() -> None:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "cpupin.metrics needs prometheus_client: pip install 'cpupin[prometheus]'"
+        ) from None
+
+
+def _collect(pids: Iterable[int | None], registry: Registry | None) -> Iterator[Any]:
+    """The four families, each once, with the samples of every process in
+    ``pids`` (``None``: this one) that still runs."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    cpu = CounterMetricFamily(
+        "cpupin_thread_cpu_seconds", "CPU time of a thread (schedstat)", labels=_LABELS
+    )
+    wait = CounterMetricFamily(
+        "cpupin_thread_runqueue_wait_seconds",
+        "Time a thread was runnable but waited for a CPU (schedstat)",
+        labels=_LABELS,
+    )
+    count = GaugeMetricFamily("cpupin_process_threads", "Threads of the process", labels=["pid"])
+    strays = GaugeMetricFamily(
+        "cpupin_stray_threads",
+        "Threads on a mask that is neither the process mask nor a registered pin",
+        labels=["pid"],
+    )
+    for target in pids:
+        own = target is None or target == os.getpid()
+        try:
+            threads = thread_masks(target)
+        except (OSError, ValueError):
+            continue  # exited since it was listed
+        if own:
+            roles, mask = pinned_roles(), process_cpus()
+        else:
+            found = registry if registry is not None else read_registry()
+            roles = {p.tid: (p.role, p.cpus) for p in found.pins_of(target or 0)}
+            mask, _ = process_mask_of(target or 0, [m for _, m in threads])
+        pid = str(os.getpid() if target is None else target)
+        stray = 0
+        for st, cpus in threads:
+            role, pinned = roles.get(st.tid, ("", frozenset()))
+            if cpus != mask and cpus != pinned:
+                stray += 1
+            values = [
+                pid,
+                str(st.tid),
+                st.name,
+                role if cpus == pinned else "",
+                format_cpulist(cpus),
+            ]
+            cpu.add_metric(values, st.run_ns / 1e9)
+            wait.add_metric(values, st.wait_ns / 1e9)
+        count.add_metric([pid], len(threads))
+        strays.add_metric([pid], stray)
+    yield from (cpu, wait, count, strays)
 
 
 class ThreadCollector:
@@ -41,55 +105,25 @@ class ThreadCollector:
     """
 
     def __init__(self, pid: int | None = None, registry: Registry | None = None) -> None:
-        try:
-            import prometheus_client  # noqa: F401
-        except ImportError:
-            raise ImportError(
-                "cpupin.metrics needs prometheus_client: pip install 'cpupin[prometheus]'"
-            ) from None
+        _require()
         self.pid = pid
         self.registry = registry
 
-    def _roles(self) -> tuple[dict[int, tuple[str, frozenset[int]]], frozenset[int] | None]:
-        own = self.pid is None or self.pid == os.getpid()
-        if own:
-            return pinned_roles(), process_cpus()
-        registry = self.registry if self.registry is not None else read_registry()
-        return {p.tid: (p.role, p.cpus) for p in registry.pins_of(self.pid or 0)}, None
+    def collect(self) -> Iterator[Any]:
+        if self.pid is not None and self.pid != os.getpid():
+            thread_masks(self.pid)  # ProcessLookupError when it is gone, as before
+        yield from _collect([self.pid], self.registry)
+
+
+class ProcessesCollector:
+    """Exports the threads of every live process with a record in
+    ``registry``: one family each, all processes' samples under it; a
+    process that exits meanwhile is left out."""
+
+    def __init__(self, registry: Registry) -> None:
+        _require()
+        self.registry = registry
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        threads = thread_masks(self.pid)
-        roles, mask = self._roles()
-        if mask is None:
-            mask, _ = process_mask_of(self.pid or 0, [m for _, m in threads])
-        labels = ["tid", "name", "role", "cpus"]
-        cpu = CounterMetricFamily(
-            "cpupin_thread_cpu_seconds", "CPU time of a thread (schedstat)", labels=labels
-        )
-        wait = CounterMetricFamily(
-            "cpupin_thread_runqueue_wait_seconds",
-            "Time a thread was runnable but waited for a CPU (schedstat)",
-            labels=labels,
-        )
-        stray = 0
-        for st, cpus in threads:
-            role, pinned = roles.get(st.tid, ("", frozenset()))
-            if cpus != mask and cpus != pinned:
-                stray += 1
-            values = [str(st.tid), st.name, role if cpus == pinned else "", format_cpulist(cpus)]
-            cpu.add_metric(values, st.run_ns / 1e9)
-            wait.add_metric(values, st.wait_ns / 1e9)
-        pid = str(self.pid or os.getpid())
-        count = GaugeMetricFamily(
-            "cpupin_process_threads", "Threads of the process", labels=["pid"]
-        )
-        count.add_metric([pid], len(threads))
-        strays = GaugeMetricFamily(
-            "cpupin_stray_threads",
-            "Threads on a mask that is neither the process mask nor a registered pin",
-            labels=["pid"],
-        )
-        strays.add_metric([pid], stray)
-        yield from (cpu, wait, count, strays)
+        pids = sorted({r.pid for r in self.registry.records if r.kind == "process" and r.live})
+        yield from _collect(pids, self.registry)

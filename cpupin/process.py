@@ -14,7 +14,8 @@ import os
 import threading
 from collections.abc import Iterable
 
-from . import _native
+from . import _native, registry
+from ._proc import start_time
 from .cpulist import cpus_phrase, format_cpulist, parse_cpulist
 from .errors import excerpt
 
@@ -40,14 +41,36 @@ ENV_PROCESS_CPUS = "CPUPIN_PROCESS_CPUS"
 
 
 def _inherit() -> frozenset[int] | None:
-    """The mask a parent passed in ``CPUPIN_PROCESS_CPUS``, with the main
-    thread moved onto it: a process started from a pinned thread inherits
-    the pin, and would otherwise record it as its process mask."""
+    """The mask a parent passed in ``CPUPIN_PROCESS_CPUS``, when it applies.
+
+    It never widens the mask a launcher gave: it applies when the main
+    thread's mask is that mask already, or when the main thread's mask is
+    exactly a pin that the parent process registered (a child started from
+    a pinned thread inherits the pin, and would otherwise take it for its
+    whole mask): the main thread then moves to it. A mask set by
+    ``taskset``, ``numactl``, a container or a scheduler wins; the variable
+    is then set aside, with a note at debug level."""
     text = os.environ.get(ENV_PROCESS_CPUS)
     if text is None or not _native.HAVE_AFFINITY:
         return None
     try:
         cpus = parse_cpulist(text)
+        current = _native.get_affinity(os.getpid())
+    except (ValueError, OSError) as exc:
+        log.warning("cpupin: %s=%s not used: %s", ENV_PROCESS_CPUS, excerpt(text), exc)
+        return None
+    if current == cpus:
+        return cpus
+    if not (current < cpus and registry.parent_pinned_to(current)):
+        log.debug(
+            "cpupin: %s=%s set aside: this process was started on CPU %s, which is not a pin "
+            "of its parent's; the launcher's mask wins",
+            ENV_PROCESS_CPUS,
+            excerpt(text),
+            format_cpulist(current),
+        )
+        return None
+    try:
         _native.set_affinity(cpus, os.getpid())
     except (ValueError, OSError) as exc:
         log.warning("cpupin: %s=%s not used: %s", ENV_PROCESS_CPUS, excerpt(text), exc)
@@ -90,29 +113,6 @@ def set_process_cpus(cpus: Iterable[int] | str) -> frozenset[int]:
     with _lock:
         _process_cpus = wanted
     return wanted
-
-
-def start_time(pid: int, tid: int | None = None) -> int | None:
-    """When a process (or, with ``tid``, a thread of it) started, in clock
-    ticks since boot (field 22 of ``stat``); ``None`` when it is gone.
-
-    A pid or tid is reused once its task is gone; the pair (id, start time)
-    is not, so comparing it tells a task from a later one of the same id.
-    ``pid`` 0 is this process (``/proc/self``), whose ``task`` folder holds
-    only its own threads.
-    """
-    where = "self" if pid == 0 else str(pid)
-    path = f"/proc/{where}/stat" if tid is None else f"/proc/{where}/task/{tid}/stat"
-    try:
-        with open(path, "rb") as f:
-            text = f.read(4096)
-    except OSError:
-        return None
-    fields = text[text.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
 
 
 def thread_masks(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from . import _native
 from .cpulist import format_cpulist, parse_cpulist
 from .process import ENV_PROCESS_CPUS, process_cpus, start_time, thread_masks
-from .registry import ENV_LOCK_DIR, Record, Registry, read_registry
+from .registry import ENV_LOCK_DIR, Record, Registry, lock_dir, read_registry
 from .threads import pinned_threads
 
 __all__ = [
@@ -113,6 +113,8 @@ class Sampler:
             return
         started = start_time(pid)
         if self._started is None:
+            if started is None:
+                raise ProcessLookupError(errno.ESRCH, f"pid {pid}: no such process")
             self._started = started
         if started is None or started != self._started:
             raise ProcessLookupError(
@@ -130,8 +132,13 @@ class Sampler:
 
     def stop(self) -> list[ThreadSample]:
         pid = self.pid
-        threads = thread_masks(pid, last_cpu=True)
-        self._same_process()
+        try:
+            threads = thread_masks(pid, last_cpu=True)
+        except ProcessLookupError:
+            threads = []
+        self._same_process()  # says that it exited, or now names another
+        if not threads:
+            raise ProcessLookupError(errno.ESRCH, f"pid {pid} exited; sampling stopped")
         wall_ms = max(time.monotonic_ns() - self._start, 1) / 1e6
         own = pid is None or pid == os.getpid()
         masks = {st.tid: cpus for st, cpus in threads}
@@ -240,12 +247,13 @@ class Audit:
         }
 
 
-def audit(pid: int, registry: Registry | None = None) -> Audit:
+def audit(pid: int, registry: Registry | None = None, lock_dirs: list[str] | None = None) -> Audit:
     """Group another process's threads by mask, against its process mask
     (:func:`process_mask_of`), and tell its registered pins from the rest:
-    from ``registry``, else from the lock directory the process writes to
-    (its ``CPUPIN_LOCK_DIR``, else ``/tmp``).
-    ``ProcessLookupError`` when it is gone."""
+    from ``registry``, else from the first of ``lock_dirs`` that holds a
+    live record of the process (default: its ``CPUPIN_LOCK_DIR`` as it
+    started, this process's, and ``/tmp``: a process may set the variable
+    at run time, after it started). ``ProcessLookupError`` when it is gone."""
     threads = thread_masks(_native.as_pid(pid))
     if not threads:
         raise ProcessLookupError(errno.ESRCH, f"pid {pid}: no such process")
@@ -254,11 +262,31 @@ def audit(pid: int, registry: Registry | None = None) -> Audit:
     for st, cpus in threads:
         groups.setdefault(cpus, []).append((st.tid, st.name))
     ordered = dict(sorted(groups.items(), key=lambda kv: (-len(kv[0]), sorted(kv[0]))))
-    # The registry the process writes to: its own CPUPIN_LOCK_DIR, else /tmp.
-    found = registry if registry is not None else read_registry(environ_of(pid, ENV_LOCK_DIR))
+    found = registry if registry is not None else _registry_of(pid, lock_dirs)
     pins = {p.tid: p.cpus for p in found.pins_of(pid)}
     deliberate = frozenset(st.tid for st, cpus in threads if pins.get(st.tid) == cpus)
     return Audit(pid, mask, source, ordered, found.knows(pid), deliberate)
+
+
+def _registry_of(pid: int, lock_dirs: list[str] | None) -> Registry:
+    """The registry that knows ``pid``: the first of the candidate lock
+    directories with a live record of it (else the first one read)."""
+    if lock_dirs is None:
+        theirs = environ_of(pid, ENV_LOCK_DIR)
+        if theirs and not os.path.isabs(theirs):
+            try:  # relative to where it started: its working directory, best known now
+                theirs = os.path.join(os.readlink(f"/proc/{pid}/cwd"), theirs)
+            except OSError:
+                theirs = None
+        lock_dirs = [lock_dir(theirs) if theirs else lock_dir(), lock_dir(), "/tmp"]
+    first = None
+    for where in dict.fromkeys(lock_dirs):
+        found = read_registry(where)
+        if found.knows(pid):
+            return found
+        first = first or found
+    assert first is not None
+    return first
 
 
 def _sample(processes: list[Record], interval: float) -> dict[int, list[ThreadSample] | str]:
@@ -332,7 +360,12 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
     return {
         "lock_dir": registry.directory,
         "interval_s": interval,
-        "servers": [r.as_dict() for r in registry.records if r.kind == "server"],
+        "servers": [
+            r.as_dict()
+            for r in sorted(registry.records, key=lambda r: (not r.live, r.path))
+            if r.kind == "server"
+        ],
         "processes": processes,
         "ignored": [{"path": path, "reason": reason} for path, reason in registry.ignored],
+        "not_listed": registry.not_listed,
     }

@@ -219,10 +219,30 @@ class ThreadPool(ThreadPoolExecutor):
 
 # --- pins ------------------------------------------------------------------
 
-# The registered pins: tid to (CPUs, role).
-_pins: dict[int, tuple[frozenset[int], str]] = {}
-_pins_lock = threading.Lock()
+# The registered pins: tid to (CPUs, role, name, start time).
+_pins: dict[int, tuple[frozenset[int], str, str, int | None]] = {}
+# Re-entrant: a signal handler (a runtime's SIGTERM handler releasing its
+# pins) runs in the thread it interrupted, which may hold it.
+_pins_lock = threading.RLock()
 _warmups: list[Callable[[], object]] = []
+# Whether this thread is publishing (a signal handler's publish inside it
+# leaves the writing to the outer loop) and whether the pins changed since.
+_publishing = False
+_dirty = False
+
+
+def _after_fork_in_child() -> None:
+    # The child is a new process with one thread: a lock another thread held
+    # at the fork would never be released, and the parent's pins are not
+    # the child's (its one thread has a new tid).
+    global _pins_lock, _warned_lock, _publishing, _dirty
+    _pins_lock = threading.RLock()
+    _warned_lock = threading.Lock()
+    _pins.clear()
+    _publishing = _dirty = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 #: Bytes per intra-op thread in the torch warm-up: at::internal::GRAIN_SIZE,
 #: below which torch runs an op on one thread.
@@ -328,23 +348,45 @@ def pin_current_thread(
     tid = _native.gettid()
     previous = _native.get_affinity()
     _native.set_affinity(wanted)
+    started = start_time(0, tid)
+    # The name Python knows (a thread started from C or _thread gets a
+    # placeholder), else the kernel's.
+    label = threading.current_thread().name
     with _pins_lock:
-        _pins[tid] = (wanted, role)
+        _pins[tid] = (wanted, role, label, started)
         _publish()
-    return Pin(tid, wanted, previous, _started=start_time(0, tid))
+    return Pin(tid, wanted, previous, _started=started)
+
+
+def _alive(tid: int, started: int | None) -> bool:
+    return started is not None and start_time(0, tid) == started
 
 
 def _publish() -> None:
     """This process's record of its pins in the lock directory (called with
-    _pins_lock held): what ``cpupin ps`` and audits read from outside."""
-    # Only threads still running: a pinned thread that exited without
-    # releasing its pin leaves the record with it.
-    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-    registry.register_pins(
-        registry.Pinned(tid, names[tid], cpus, role)
-        for tid, (cpus, role) in _pins.items()
-        if tid in names
-    )
+    _pins_lock held): what ``cpupin ps`` and audits read from outside.
+
+    Only threads still running count (``/proc/self/task`` with their start
+    time, so that threads started from C or ``_thread`` count too): a pinned
+    thread that exited without releasing its pin leaves the record. A
+    publish inside another (a signal handler's) leaves the writing to the
+    outer one, which writes again with what changed."""
+    global _publishing, _dirty
+    _dirty = True
+    if _publishing:
+        return
+    _publishing = True
+    try:
+        while _dirty:
+            _dirty = False
+            for tid in [t for t, pin in _pins.items() if not _alive(t, pin[3])]:
+                del _pins[tid]
+            registry.register_pins(
+                registry.Pinned(tid, name, cpus, role)
+                for tid, (cpus, role, name, _) in list(_pins.items())
+            )
+    finally:
+        _publishing = False
 
 
 def _name_current_thread(name: str) -> None:
@@ -379,13 +421,13 @@ def pin_step_thread(cpus: Iterable[int] | str, name: str | None = None, role: st
 def pinned_roles() -> dict[int, tuple[str, frozenset[int]]]:
     """The registered pins with their roles: tid to (role, CPUs)."""
     with _pins_lock:
-        return {tid: (role, cpus) for tid, (cpus, role) in _pins.items()}
+        return {tid: (role, cpus) for tid, (cpus, role, _, _) in _pins.items()}
 
 
 def pinned_threads() -> dict[int, frozenset[int]]:
     """The registered pins: tid to CPUs."""
     with _pins_lock:
-        return {tid: cpus for tid, (cpus, _) in _pins.items()}
+        return {tid: cpus for tid, (cpus, _, _, _) in _pins.items()}
 
 
 class ThreadInfo(NamedTuple):
@@ -407,7 +449,7 @@ def stray_threads() -> list[ThreadInfo]:
     with _pins_lock:
         for tid in [t for t in _pins if t not in alive]:
             del _pins[tid]  # its thread is gone; the tid may come back
-        pins = {tid: cpus for tid, (cpus, _) in _pins.items()}
+        pins = {tid: cpus for tid, (cpus, _, _, _) in _pins.items()}
     return [
         ThreadInfo(st.tid, st.name, cpus)
         for st, cpus in threads

@@ -148,7 +148,9 @@ def worker_main(  # type: ignore[no-untyped-def]
 # --- the API server -------------------------------------------------------------
 
 
-def run_server(args: argparse.Namespace) -> dict[str, object]:
+def run_server(args: argparse.Namespace) -> tuple[dict[str, object], cpupin.Claim | None]:
+    """Run the server; returns its report and its claim, still held (the
+    caller releases it, after --hold)."""
     name_thread("api-main")
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     plan = cpupin.plan_server(args.setting, devices, root=args.root or "/", lock_dir=args.lock_dir)
@@ -223,9 +225,7 @@ def run_server(args: argparse.Namespace) -> dict[str, object]:
         samples, worker_stray = reports[i]
         threads += [{"process": f"worker{i}", **s} for s in samples]
         stray += [{"process": f"worker{i}", **s} for s in worker_stray]
-    if plan.claim is not None:
-        plan.claim.close()
-    return {
+    report = {
         "setting": str(placement.setting),
         "devices": list(placement.devices),
         "pinned": placement.pinned,
@@ -241,6 +241,7 @@ def run_server(args: argparse.Namespace) -> dict[str, object]:
         "threads": threads,
         "stray": stray,
     }
+    return report, plan.claim
 
 
 def print_report(report: dict[str, object]) -> None:
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.steps < 2:
             raise ValueError(f"--steps {args.steps}: give at least 2")
-        report = run_server(args)
+        report, claim = run_server(args)
     except (ValueError, OSError) as exc:
         print(f"runtime: {exc}", file=sys.stderr)
         return 2
@@ -325,9 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_report(report)
     sys.stdout.flush()
-    if args.hold:
+    if args.hold:  # the locks stay held while it holds
         print("runtime: holding", file=sys.stderr, flush=True)
         time.sleep(args.hold)
+    if claim is not None:
+        claim.close()
     return 0 if all(code == 0 for code in report["exitcodes"]) else 1
 
 

@@ -325,6 +325,7 @@ sys.stdin.readline()
 """
 
 
+@two_cpus
 def test_audit_fails_on_a_narrowed_thread_until_it_is_gone(capsys):
     first = min(cpupin.process_cpus())
     child = subprocess.Popen(
@@ -335,7 +336,7 @@ def test_audit_fails_on_a_narrowed_thread_until_it_is_gone(capsys):
     )
     try:
         tid = int(child.stdout.readline())
-        assert main(["audit", str(child.pid), "--fail-on-narrow"]) == 1
+        assert main(["audit", str(child.pid), "--fail-on-narrow"]) == 3
         out = capsys.readouterr().out
         assert f"({tid})" in out and "deliberate pin" in out
         assert main(["audit", str(child.pid)]) == 0

@@ -16,12 +16,36 @@ import pytest
 import cpupin
 from cpupin import registry
 from cpupin.cli import main
-from cpupin.hosts import HOSTS, build_tree
+from cpupin.hosts import HOSTS, build_tree, host_named
 
 from .test_json import SECTIONS, same_shape
 
 GPU7 = "0000:fa:00.0"
 MASK = set(range(96, 104)) | set(range(224, 232))
+#: A record is read against the CPUs of the host it is on: the B300's here.
+B300 = host_named("xeon6-b300").cpus
+
+
+def serve_here(lock_dir):
+    """A server's claim of GPU7 with a record of this machine's CPUs (what a
+    server on this host writes), still held."""
+    claim = cpupin.claim_gpus([GPU7], lock_dir)
+    assert claim
+    mask = sorted(cpupin.process_cpus())
+    record = {
+        "version": 1,
+        "pid": os.getpid(),
+        "start_time": cpupin.process.start_time(os.getpid()),
+        "uid": os.geteuid(),
+        "time": 1.0,
+        "setting": "auto",
+        "devices": [GPU7],
+        "workers": [{"device": GPU7, "cpus": mask[:1]}],
+        "result_cpu": mask[-1],
+        "process_mask": mask,
+    }
+    assert claim.write_record(record) == ""
+    return claim
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +98,7 @@ def test_a_claiming_server_writes_its_record_and_ps_reads_it(b300_root, lock_dir
     plan = cpupin.plan_server("auto", [GPU7], root=b300_root, mask=MASK, environ={})
     try:
         assert plan.pinned
-        found = registry.read_registry()
+        found = registry.read_registry(cpus=B300)
         (server,) = found.records
         assert server.kind == "server" and server.live and server.pid == os.getpid()
         assert server.workers == ((GPU7, frozenset({97, 225})),)
@@ -84,7 +108,7 @@ def test_a_claiming_server_writes_its_record_and_ps_reads_it(b300_root, lock_dir
     finally:
         plan.claim.close()
     # Released: the record stays in the file, stale, since nobody holds the lock.
-    (server,) = registry.read_registry().records
+    (server,) = registry.read_registry(cpus=B300).records
     assert not server.live and "nobody holds its lock" in server.why_stale
 
 
@@ -106,13 +130,14 @@ def test_a_killed_holder_is_stale_and_a_second_server_names_the_holders_pid(b300
         assert holder.stdout.readline().strip() == "True"
         second = cpupin.plan_server("auto", [GPU7], root=b300_root, mask=MASK, environ={})
         assert not second.pinned and f"(pid {holder.pid})" in second.placement.reason
-        (server,) = registry.read_registry().records
+        (server,) = registry.read_registry(cpus=B300).records
         assert server.live and server.pid == holder.pid
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    (server,) = registry.read_registry().records
-    assert not server.live and server.pid == holder.pid
+    # Nobody holds it now: stale, and not read (who wrote it cannot be told).
+    (server,) = registry.read_registry(cpus=B300).records
+    assert not server.live and server.pid == 0 and "nobody holds" in server.why_stale
 
 
 def test_a_record_whose_pid_now_names_another_process_is_stale(lock_dir):
@@ -177,38 +202,60 @@ def test_a_process_record_goes_with_its_process(lock_dir):
 # --- hostile files ------------------------------------------------------------
 
 
-def hostile_dir(root):
-    """A lock directory holding every kind of bad record."""
-    (root / "cpupin-proc-1-1.json").write_text("{not json")
-    (root / "cpupin-proc-2-2.json").write_bytes(b"x" * (registry.MAX_SIZE + 10))
-    os.mkfifo(root / "cpupin-proc-3-3.json")
-    os.symlink("/etc/passwd", root / "cpupin-proc-4-4.json")
-    (root / "cpupin-proc-5-5.json").write_bytes(
-        registry.encode({"version": 1, "pid": "five", "start_time": 1, "uid": 0, "time": 1})
-    )
-    (root / "cpupin-proc-6-6.json").write_bytes(
-        registry.encode(
-            {"version": 1, "pid": 6, "start_time": 1, "uid": 0, "time": 1, "pins": [{"tid": -1}]}
-        )
-    )
-    big_pid = {"version": 1, "pid": 2**64, "start_time": 1, "uid": 0, "time": 1, "pins": []}
-    (root / "cpupin-proc-7-7.json").write_bytes(registry.encode(big_pid))
+@pytest.fixture
+def sleepers():
+    """Two live processes of this user, whose records a hostile file can
+    pretend to be: (pid, start time) of each."""
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
+    children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+    try:
+        yield [(c.pid, cpupin.process.start_time(c.pid)) for c in children]
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+
+
+def hostile_dir(root, sleepers):
+    """A lock directory holding every kind of bad record, each under a name
+    of a live process of this user (so that it is opened and read)."""
+    (a, a_start), (b, b_start) = sleepers
+    na = [f"cpupin-proc-{a}-{a_start}{s}.json" for s in ("", "-1", "-2", "-3")]
+    nb = [f"cpupin-proc-{b}-{b_start}{s}.json" for s in ("", "-1", "-2", "-3")]
+    (root / na[0]).write_text("{not json")
+    (root / na[1]).write_bytes(b"x" * (registry.MAX_SIZE + 10))
+    os.mkfifo(root / na[2])
+    os.symlink("/etc/passwd", root / na[3])
+    common = {"version": 1, "start_time": b_start, "uid": os.geteuid(), "time": 1}
+    (root / nb[0]).write_bytes(registry.encode({**common, "pid": "five"}))
+    (root / nb[1]).write_bytes(registry.encode({**common, "pid": b, "pins": [{"tid": -1}]}))
+    (root / nb[2]).write_bytes(registry.encode({**common, "pid": 2**64, "pins": []}))
+    (root / "elsewhere").write_bytes(registry.encode({**common, "pid": b, "pins": []}))
+    os.link(root / "elsewhere", root / nb[3])
     (root / "cpupin-gpu-0000:01:00.0.lock").write_bytes(b"\x00" * 10 + b"junk" * 100)
     (root / "unrelated.txt").write_text("not ours")
 
 
 def test_hostile_records_are_ignored_with_a_reason_and_ps_lists_the_live_ones(
-    lock_dir, b300_root, capsys
+    lock_dir, sleepers, capsys
 ):
-    hostile_dir(lock_dir)
-    plan = cpupin.plan_server("auto", [GPU7], root=b300_root, mask=MASK, environ={})
+    hostile_dir(lock_dir, sleepers)
+    claim = serve_here(lock_dir)
     pin = cpupin.pin_current_thread(cpupin.process_cpus(), name=None, role="result")
     try:
         found = registry.read_registry()
         reasons = dict(found.ignored)
         assert len(reasons) == 8, reasons
         text = " ".join(reasons.values())
-        for says in ("no record", "larger than", "not a regular file", "symbolic link", "pid"):
+        for says in (
+            "no record",
+            "larger than",
+            "not a regular file",
+            "symbolic link",
+            "pid",
+            "tid",
+            "hard links",
+        ):
             assert says in text, says
         assert all(len(r) < 200 for r in reasons.values())
         assert main(["ps", "--interval", "0.05"]) == 0
@@ -216,12 +263,12 @@ def test_hostile_records_are_ignored_with_a_reason_and_ps_lists_the_live_ones(
         assert out.count("\nignored  ") == 8 and "passwd" not in out.replace("passwd'", "")
     finally:
         pin.release()
-        plan.claim.close()
+        claim.close()
 
 
-def test_ps_json_has_the_documented_shape_with_live_records(lock_dir, b300_root, capsys):
-    hostile_dir(lock_dir)
-    plan = cpupin.plan_server("auto", [GPU7], root=b300_root, mask=MASK, environ={})
+def test_ps_json_has_the_documented_shape_with_live_records(lock_dir, sleepers, capsys):
+    hostile_dir(lock_dir, sleepers)
+    claim = serve_here(lock_dir)
     pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="result")
     try:
         assert main(["ps", "--interval", "0.05", "--json"]) == 0
@@ -236,7 +283,7 @@ def test_ps_json_has_the_documented_shape_with_live_records(lock_dir, b300_root,
         assert "1 server(s), 1 process(es) with pins" in out and "ignored" in out
     finally:
         pin.release()
-        plan.claim.close()
+        claim.close()
 
 
 # --- torn records -------------------------------------------------------------
@@ -352,7 +399,7 @@ def test_the_collector_parses_and_its_counters_only_grow():
         return sample
 
     a, b = value(first, "cpupin_thread_cpu_seconds"), value(second, "cpupin_thread_cpu_seconds")
-    assert b.value > a.value and set(a.labels) == {"tid", "name", "role", "cpus"}
+    assert b.value > a.value and set(a.labels) == {"pid", "tid", "name", "role", "cpus"}
     assert a.labels["role"] == "result"
     assert (
         value(second, "cpupin_thread_runqueue_wait_seconds").value

@@ -275,7 +275,7 @@ def test_ps_and_audit_see_the_runtimes_pins_from_outside(one_gpu_tree, tmp_path)
         )
         os.sched_setaffinity(loose, {1})
         failed = subprocess.run(audit, capture_output=True, text=True, check=False)
-        assert failed.returncode == 1 and f"({loose})" in failed.stdout
+        assert failed.returncode == 3 and f"({loose})" in failed.stdout
         assert "1 narrower thread(s) not registered" in failed.stdout
         done.touch()
         out, err = proc.communicate(timeout=300)

@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.thread import BrokenThreadPool
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cpupin
 
@@ -295,41 +297,74 @@ def child(q):
     import cpupin
     q.put((sorted(cpupin.process_cpus()), sorted(os.sched_getaffinity(0))))
 
-def from_pinned(q, with_env):
+def from_pinned(q, how):
     import cpupin
-    os.sched_setaffinity(0, {{{cpu}}})
+    if how == "registered":
+        cpupin.pin_current_thread({{{cpu}}})  # a pin the child can recognise
+    else:
+        os.sched_setaffinity(0, {{{cpu}}})  # narrowed as a launcher would
     ctx = mp.get_context("spawn")
-    if with_env:
+    if how != "plain":
         os.environ.update(cpupin.child_env())
     p = ctx.Process(target=child, args=(q,))
     p.start(); p.join()
 
 if __name__ == "__main__":
     q = mp.get_context("spawn").Queue()
-    t = threading.Thread(target=from_pinned, args=(q, sys.argv[1] == "env"))
+    t = threading.Thread(target=from_pinned, args=(q, sys.argv[1]))
     t.start(); t.join()
     print(q.get())
 """
 
 
-@pytest.mark.parametrize("with_env", [True, False])
-def test_a_child_spawned_from_a_pinned_thread(tmp_path, with_env):
+@pytest.mark.parametrize("how", ["registered", "by hand", "plain"])
+def test_a_child_spawned_from_a_pinned_thread(tmp_path, how):
+    """With child_env, a child started from a registered pin takes the
+    parent's process mask; one started from a thread narrowed by hand (as
+    taskset narrows a launcher) keeps its mask: the variable never widens
+    what a launcher gave. Without child_env the inherited mask stands."""
     first = min(cpupin.process_cpus())
     script = tmp_path / "spawn.py"
     script.write_text(SPAWNED.format(cpu=first))
     out = subprocess.run(
-        [sys.executable, str(script), "env" if with_env else "plain"],
+        [sys.executable, str(script), how],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
+        env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)},
     )
     recorded, main_mask = eval(out.stdout.strip())  # noqa: S307 - our own output
     mask = sorted(cpupin.process_cpus())
-    if with_env:
+    if how == "registered":
         assert recorded == main_mask == mask
     else:
-        assert recorded == main_mask == [first]  # the inherited pin, taken for the whole mask
+        assert recorded == main_mask == [first]  # the inherited mask, kept
+
+
+LAUNCHED = "import cpupin, os; print((sorted(cpupin.process_cpus()), sorted(os.sched_getaffinity(0))))"
+
+
+@settings(max_examples=20)
+@given(data=st.data())
+def test_an_inherited_process_mask_never_widens_a_launchers_mask(data):
+    """Whatever CPUPIN_PROCESS_CPUS says and whatever mask taskset gives,
+    the process mask is the launcher's mask (the variable applies only when
+    it equals it, or when the mask is a registered pin of the parent's)."""
+    here = sorted(os.sched_getaffinity(0))
+    launcher = data.draw(st.sets(st.sampled_from(here), min_size=1))
+    inherited = data.draw(st.sets(st.sampled_from(here), min_size=1))
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHED],
+        preexec_fn=lambda: os.sched_setaffinity(0, launcher),  # as taskset would
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "CPUPIN_PROCESS_CPUS": ",".join(map(str, inherited))},
+    )
+    recorded, mask = eval(out.stdout)  # noqa: S307 - our own output
+    assert recorded == mask == sorted(launcher)
 
 
 TORCH_PIN = """

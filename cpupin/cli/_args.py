@@ -135,5 +135,7 @@ def mask_arg(text: str | None, host: Host, mask: frozenset[int]) -> frozenset[in
 
 
 def print_json(obj: object) -> None:
-    json.dump(obj, sys.stdout, indent=2)
+    """Strict JSON (no NaN or Infinity: every number a parser accepts;
+    control characters and non-ASCII escaped)."""
+    json.dump(obj, sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")

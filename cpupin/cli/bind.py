@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from cpupin.binding import bind_process, decide_binding, read_mems_allowed
@@ -119,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, ENV_PROCESS_CPUS: format_cpulist(process_cpus())}
     sys.stdout.flush()
     sys.stderr.flush()
+    # Python ignores SIGPIPE and SIGXFSZ for itself; exec keeps an ignored
+    # signal ignored, so put them back as a shell would have left them
+    # (`cpupin exec -- yes | head -1` ends as `yes | head -1` does).
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:

@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         type=_tag("device"),
         metavar="INDEX",
-        help="a worker on the host's INDEX-th GPU (PCI order)",
+        help="a worker on CUDA device INDEX: through CUDA_VISIBLE_DEVICES when set, as the "
+        "runtime counts it, else the host's INDEX-th GPU (PCI order)",
     )
     plan.add_argument(
         "--all-gpus",
@@ -65,16 +66,20 @@ def _tag(kind: str) -> Callable[[str], tuple[str, str]]:
 
 
 def _device(kind: str, text: str, host: Host) -> str:
-    """A worker's device: a PCI address, or an index counting the host's GPUs
-    in PCI order (the dry run ignores ``CUDA_VISIBLE_DEVICES``)."""
+    """A worker's device: a PCI address, or an index counting the devices
+    ``CUDA_VISIBLE_DEVICES`` lists (else the host's GPUs) in PCI order, as
+    the runtime (``plan_server``) and ``cpupin exec`` count them."""
     if kind == "gpu":
         return parse_pci_address(text)
     if not (text.isascii() and text.isdigit() and len(text) <= 6):
         raise PlanError(f"--device {excerpt(text)} is not a device index")
     try:
-        (address,) = resolve_devices([int(text)], host, environ={})
+        (address,) = resolve_devices([int(text)], host)
     except PlanError as exc:
-        raise PlanError(f"--device: {exc} (indexes count them in PCI order)") from None
+        raise PlanError(
+            f"--device: {exc} (indexes count CUDA_VISIBLE_DEVICES, else the host's GPUs, "
+            "in PCI order)"
+        ) from None
     return address
 
 

@@ -7,7 +7,8 @@ import argparse
 import sys
 
 from cpupin.cpulist import format_cpulist
-from cpupin.registry import Registry, lock_dir, read_registry
+from cpupin.errors import printable
+from cpupin.registry import Registry, lock_dir, prune, read_registry
 from cpupin.sampling import host_view
 
 from . import _args
@@ -26,6 +27,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="DIR",
         help="the lock directory (default: $CPUPIN_LOCK_DIR, else /tmp)",
     )
+    ps.add_argument(
+        "--prune",
+        action="store_true",
+        help="first remove the stale process records you own (a process killed before it "
+        "could remove its own); lock files are never removed",
+    )
     out = ps.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
     out.add_argument(
@@ -37,7 +44,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    registry = read_registry(lock_dir(args.lock_dir))
+    where = lock_dir(args.lock_dir)
+    if args.prune:
+        for path in prune(where):
+            print(f"pruned   {printable(path, 200)}", file=sys.stderr)
+    registry = read_registry(where)
     if args.prometheus:
         return _prometheus(registry)
     data = host_view(registry, args.interval)
@@ -55,14 +66,17 @@ def _text(data: dict[str, object]) -> None:
     live_servers = [s for s in servers if s["live"]]
     live_procs = [p for p in processes if p["live"]]
     print(
-        f"cpupin ps: lock directory {data['lock_dir']}; {len(live_servers)} server(s), "
+        f"cpupin ps: lock directory {printable(str(data['lock_dir']), 120)}; "
+        f"{len(live_servers)} server(s), "
         f"{len(live_procs)} process(es) with pins; sampled over {data['interval_s']:g} s"
     )
     print(f"{'SERVER':8} {'pid':>8}  {'setting':8} {'result':>6}  GPUs and step CPUs")
     for s in live_servers:
-        steps = "; ".join(f"{w['device']} on {format_cpulist(w['cpus'])}" for w in s["workers"])
+        steps = "; ".join(
+            f"{printable(w['device'], 24)} on {format_cpulist(w['cpus'])}" for w in s["workers"]
+        )
         result = s["result_cpu"] if s["result_cpu"] is not None else "-"
-        print(f"{'':8} {s['pid']:>8}  {s['setting']:8} {result!s:>6}  {steps or '-'}")
+        print(f"{'':8} {s['pid']:>8}  {printable(s['setting'], 8):8} {result!s:>6}  {steps or '-'}")
     print(
         f"{'PROCESS':8} {'pid':>8}  {'tid':>8} {'name':16} {'role':8} {'CPUs':12} "
         f"{'cpu ms/s':>9} {'wait ms/s':>10}"
@@ -73,21 +87,24 @@ def _text(data: dict[str, object]) -> None:
             wait = f"{t['wait_ms_per_s']:.1f}" if t["wait_ms_per_s"] is not None else "-"
             off = "" if t["on_its_pin"] or not t["alive"] else "  (moved off its pin)"
             print(
-                f"{'':8} {p['pid']:>8}  {t['tid']:>8} {t['name'][:16]:16} {t['role'][:8]:8} "
+                f"{'':8} {p['pid']:>8}  {t['tid']:>8} {printable(t['name'], 16):16} "
+                f"{printable(t['role'], 8):8} "
                 f"{t['cpus_list'][:12]:12} {cpu:>9} {wait:>10}{off}"
             )
         for t in p.get("interlopers", []):
             print(
-                f"{'':8} {p['pid']:>8}  {t['tid']:>8} {t['name'][:16]:16} {'-':8} "
+                f"{'':8} {p['pid']:>8}  {t['tid']:>8} {printable(t['name'], 16):16} {'-':8} "
                 f"{t['mask_list'][:12]:12}  an interloper: on a pinned CPU, not registered"
             )
     for r in [*servers, *processes]:
         if not r["live"]:
-            print(f"stale    {r['path']}: {r['stale_because']}")
+            print(f"stale    {printable(r['path'], 160)}: {printable(r['stale_because'], 160)}")
     ignored = data["ignored"]
     assert isinstance(ignored, list)
     for item in ignored:
-        print(f"ignored  {item['path']}: {item['reason']}")
+        print(f"ignored  {printable(item['path'], 160)}: {printable(item['reason'], 160)}")
+    if data.get("not_listed"):
+        print(f"and      {data['not_listed']} more stale or ignored file(s), not listed")
 
 
 def _prometheus(registry: Registry) -> int:
@@ -97,24 +114,9 @@ def _prometheus(registry: Registry) -> int:
         raise ValueError(
             "--prometheus needs prometheus_client: pip install 'cpupin[prometheus]'"
         ) from None
-    from cpupin.metrics import ThreadCollector
+    from cpupin.metrics import ProcessesCollector
 
-    collectors = CollectorRegistry()
-    pids = sorted({r.pid for r in registry.records if r.kind == "process" and r.live})
-    for pid in pids:
-        collectors.register(_Safe(ThreadCollector(pid, registry)))
+    collectors = CollectorRegistry(auto_describe=False)
+    collectors.register(ProcessesCollector(registry))
     sys.stdout.write(generate_latest(collectors).decode())
     return 0
-
-
-class _Safe:
-    """A process's collector that yields nothing once the process is gone."""
-
-    def __init__(self, inner: object) -> None:
-        self.inner = inner
-
-    def collect(self):  # type: ignore[no-untyped-def]
-        try:
-            yield from list(self.inner.collect())  # type: ignore[attr-defined]
-        except (OSError, ValueError):
-            return

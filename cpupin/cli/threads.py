@@ -6,6 +6,7 @@ import argparse
 import os
 
 from cpupin.cpulist import format_cpulist
+from cpupin.errors import printable
 from cpupin.process import process_cpus, thread_masks
 from cpupin.sampling import audit, process_mask_of
 
@@ -30,7 +31,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.add_argument(
         "--fail-on-narrow",
         action="store_true",
-        help="exit 1 when any thread is on a narrower mask than the process's",
+        help=f"exit {FINDING} when a thread is on a narrower mask than the process's and is "
+        "not a registered pin (every narrower thread when the process has no record)",
+    )
+    check.add_argument(
+        "--lock-dir",
+        type=_args.nonempty("--lock-dir"),
+        metavar="DIR",
+        help="where the process registers its pins (default: look in its CPUPIN_LOCK_DIR as "
+        "it started, this command's, and /tmp)",
     )
     check.set_defaults(handler=run_audit)
 
@@ -64,14 +73,19 @@ def run_threads(args: argparse.Namespace) -> int:
     for st, m in threads:
         cpu = st.last_cpu if st.last_cpu is not None else "?"
         print(
-            f"{st.tid:>8} {st.name[:16]:16} {st.run_ns / 1e6:>10.1f} "
+            f"{st.tid:>8} {printable(st.name, 16):16} {st.run_ns / 1e6:>10.1f} "
             f"{st.wait_ns / 1e6:>10.1f} {cpu!s:>4}  {format_cpulist(m)}"
         )
     return 0
 
 
+#: ``cpupin audit --fail-on-narrow``'s exit status for a finding (1 stays an
+#: internal error, 2 bad input, as for every subcommand).
+FINDING = 3
+
+
 def run_audit(args: argparse.Namespace) -> int:
-    report = audit(args.pid)
+    report = audit(args.pid, lock_dirs=[args.lock_dir] if args.lock_dir else None)
     narrow = report.narrower
     # With a record, only threads that are not registered pins fail; without
     # one, a deliberate pin and a stray look the same: every narrower thread.
@@ -91,7 +105,7 @@ def run_audit(args: argparse.Namespace) -> int:
         print(f"  {len(report.groups.get(mask, []))} thread(s) on the process mask")
         for cpus, members in sorted(narrow.items(), key=lambda kv: sorted(kv[0])):
             names = ", ".join(
-                f"{name} ({tid}{', registered' if tid in report.deliberate else ''})"
+                f"{printable(name, 64)} ({tid}{', registered' if tid in report.deliberate else ''})"
                 for tid, name in members
             )
             print(f"  on {format_cpulist(cpus)}: {names}")
@@ -106,7 +120,7 @@ def run_audit(args: argparse.Namespace) -> int:
                 "deliberate pin and a stray look the same; inside the process, "
                 "cpupin.stray_threads() tells them apart."
             )
-    return 1 if failing and args.fail_on_narrow else 0
+    return FINDING if failing and args.fail_on_narrow else 0
 
 
 def _count(n: int, noun: str) -> str:

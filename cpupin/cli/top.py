@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 
 from cpupin.cpulist import format_cpulist
+from cpupin.errors import printable
 from cpupin.sampling import Sampler
 from cpupin.threads import Thread
 
@@ -88,7 +89,8 @@ def _samples(
         )
         for s in samples:
             print(
-                f"{s.tid:>8} {s.name[:16]:16} {s.cpu_ms_per_s:>9.1f} {s.wait_ms_per_s:>10.1f} "
+                f"{s.tid:>8} {printable(s.name, 16):16} {s.cpu_ms_per_s:>9.1f} "
+                f"{s.wait_ms_per_s:>10.1f} "
                 f"{s.last_cpu if s.last_cpu is not None else '?':>4}  "
                 f"{_short(s.mask):14} {s.state}"
             )

@@ -1,0 +1,43 @@
+"""Facts about a task read from ``/proc``: when it started and as whom it
+runs. A pid or tid names another task once its own is gone; its start time
+tells them apart."""
+
+from __future__ import annotations
+
+__all__ = ["euid_of", "start_time"]
+
+
+def start_time(pid: int, tid: int | None = None) -> int | None:
+    """When a process (or, with ``tid``, a thread of it) started, in clock
+    ticks since boot (field 22 of ``stat``); ``None`` when it is gone.
+
+    A pid or tid is reused once its task is gone; the pair (id, start time)
+    is not, so comparing it tells a task from a later one of the same id.
+    ``pid`` 0 is this process (``/proc/self``), whose ``task`` folder holds
+    only its own threads.
+    """
+    where = "self" if pid == 0 else str(pid)
+    path = f"/proc/{where}/stat" if tid is None else f"/proc/{where}/task/{tid}/stat"
+    try:
+        with open(path, "rb") as f:
+            text = f.read(4096)
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def euid_of(pid: int) -> int | None:
+    """The effective uid a process runs as (``/proc/<pid>/status``);
+    ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f.read(16384).splitlines():
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
