@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 
 __all__ = ["PlanError", "UnsupportedPlatform", "excerpt", "printable"]
 
@@ -25,21 +24,13 @@ def excerpt(text: object, size: int = 40) -> str:
     return body + ("..." if len(text) > size else "")
 
 
-def _escape(match: re.Match[str]) -> str:
-    char = match.group()
+def _escape(char: str) -> str:
     code = ord(char)
     if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
         return f"\\x{code - 0xDC00:02x}"
     if code <= 0xFF:
         return f"\\x{code:02x}"
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-
-# Control and format characters, lone surrogates (undecodable bytes of a file
-# name), and the backslash itself, so an escape cannot be forged.
-_UNSAFE = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff\\]"
-)
 
 
 def printable(text: str, size: int | None = None) -> str:
@@ -55,9 +46,13 @@ def printable(text: str, size: int | None = None) -> str:
     cut = size is not None and len(text) > size
     if cut:
         text = text[: max(size or 0, 1) - 1]
-    if text.isprintable() and text.isascii() and "\\" not in text:
+    if text.isprintable() and "\\" not in text:
         return text + ("…" if cut else "")
-    return _UNSAFE.sub(_escape, text) + ("…" if cut else "")
+    # Anything Python does not call printable: controls, format characters
+    # (direction marks), separators other than space, unassigned code
+    # points, lone surrogates (bytes that were not UTF-8); and the backslash.
+    body = "".join(c if c.isprintable() and c != "\\" else _escape(c) for c in text)
+    return body + ("…" if cut else "")
 
 
 class UnsupportedPlatform(OSError):

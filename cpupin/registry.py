@@ -72,6 +72,8 @@ SLOT = 4096
 MAX_SIZE = 64 * 1024
 #: The environment variable naming the shared lock directory.
 ENV_LOCK_DIR = "CPUPIN_LOCK_DIR"
+#: Where the kernel lists every file lock.
+PROC_LOCKS = "/proc/locks"
 #: The most pins one process record lists.
 MAX_PINS = 4096
 #: The longest thread name or role a record keeps (longer ones are cut).
@@ -324,7 +326,7 @@ def _flock_holders(inodes: set[tuple[int, int, int]]) -> dict[tuple[int, int, in
         return out
     wanted = {str(ino).encode() for _, _, ino in inodes}
     try:
-        with open("/proc/locks", "rb") as f:
+        with open(PROC_LOCKS, "rb") as f:
             for line in f:
                 # "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF" ("->" for a waiter)
                 parts = line.split()

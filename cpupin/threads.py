@@ -379,11 +379,15 @@ def _publish() -> None:
     try:
         while _dirty:
             _dirty = False
-            for tid in [t for t, pin in _pins.items() if not _alive(t, pin[3])]:
-                del _pins[tid]
+            # Snapshots: a signal handler may change the pins between two steps.
+            for tid, pin in list(_pins.items()):
+                if not _alive(tid, pin[3]):
+                    _pins.pop(tid, None)
             registry.register_pins(
-                registry.Pinned(tid, name, cpus, role)
-                for tid, (cpus, role, name, _) in list(_pins.items())
+                [
+                    registry.Pinned(tid, name, cpus, role)
+                    for tid, (cpus, role, name, _) in list(_pins.items())
+                ]
             )
     finally:
         _publishing = False
@@ -421,13 +425,13 @@ def pin_step_thread(cpus: Iterable[int] | str, name: str | None = None, role: st
 def pinned_roles() -> dict[int, tuple[str, frozenset[int]]]:
     """The registered pins with their roles: tid to (role, CPUs)."""
     with _pins_lock:
-        return {tid: (role, cpus) for tid, (cpus, role, _, _) in _pins.items()}
+        return {tid: (role, cpus) for tid, (cpus, role, _, _) in list(_pins.items())}
 
 
 def pinned_threads() -> dict[int, frozenset[int]]:
     """The registered pins: tid to CPUs."""
     with _pins_lock:
-        return {tid: cpus for tid, (cpus, _, _, _) in _pins.items()}
+        return {tid: cpus for tid, (cpus, _, _, _) in list(_pins.items())}
 
 
 class ThreadInfo(NamedTuple):
@@ -447,9 +451,9 @@ def stray_threads() -> list[ThreadInfo]:
     threads = thread_masks()
     alive = {st.tid for st, _ in threads}
     with _pins_lock:
-        for tid in [t for t in _pins if t not in alive]:
-            del _pins[tid]  # its thread is gone; the tid may come back
-        pins = {tid: cpus for tid, (cpus, _, _, _) in _pins.items()}
+        for tid in [t for t in list(_pins) if t not in alive]:
+            _pins.pop(tid, None)  # its thread is gone; the tid may come back
+        pins = {tid: cpus for tid, (cpus, _, _, _) in list(_pins.items())}
     return [
         ThreadInfo(st.tid, st.name, cpus)
         for st, cpus in threads

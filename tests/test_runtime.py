@@ -290,3 +290,30 @@ def test_ps_and_audit_see_the_runtimes_pins_from_outside(one_gpu_tree, tmp_path)
     view = ps_json(lock_dir, "0.01")
     assert view["processes"] == []
     assert [s["live"] for s in view["servers"]] == [False]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_the_runtime_holds_its_locks_while_it_holds(one_gpu_tree, tmp_path):
+    """--hold keeps the server, and its claim, after the run: a second
+    server on the same GPU stands aside, naming the holder."""
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
+    proc = subprocess.Popen(
+        [*copy_args(one_gpu_tree, lock_dir), "--hold", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in proc.stderr:
+            if "runtime: holding" in line:
+                break
+        else:
+            raise AssertionError("the runtime never held")
+        plan = cpupin.plan_server(
+            "auto", ["0000:01:00.0"], root=one_gpu_tree, lock_dir=lock_dir, environ={}
+        )
+        assert not plan.pinned and f"(pid {proc.pid})" in plan.placement.reason
+    finally:
+        proc.kill()
+        proc.wait()

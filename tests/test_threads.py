@@ -342,7 +342,9 @@ def test_a_child_spawned_from_a_pinned_thread(tmp_path, how):
         assert recorded == main_mask == [first]  # the inherited mask, kept
 
 
-LAUNCHED = "import cpupin, os; print((sorted(cpupin.process_cpus()), sorted(os.sched_getaffinity(0))))"
+LAUNCHED = (
+    "import cpupin, os; print((sorted(cpupin.process_cpus()), sorted(os.sched_getaffinity(0))))"
+)
 
 
 @settings(max_examples=20)
