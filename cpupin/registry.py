@@ -377,6 +377,22 @@ def _open_record(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
     raise ValueError("replaced each time it was opened")
 
 
+def _open_owned(
+    dir_fd: int, name: str, pid: int, inode: os.stat_result | None = None
+) -> tuple[int, os.stat_result]:
+    """:func:`_open_record`, then checked to be the file ``inode`` names
+    (when given) and owned by the uid ``pid`` runs as; closed on failure."""
+    fd, info = _open_record(dir_fd, name)
+    try:
+        if inode is not None and (info.st_dev, info.st_ino) != (inode.st_dev, inode.st_ino):
+            raise ValueError("replaced while it was read")
+        _owner_is(info, pid)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
 def _read(fd: int) -> bytes:
     try:
         return os.pread(fd, MAX_SIZE + 1, 0)[:MAX_SIZE]
@@ -583,11 +599,7 @@ def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> 
             continue
         opened += 1
         try:
-            fd, now = _open_record(dir_fd, name)
-            if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):
-                os.close(fd)
-                raise ValueError("replaced while it was read")
-            _owner_is(now, holder)
+            fd, now = _open_owned(dir_fd, name, holder, info)
             raw = _read(fd)
             if not raw.strip(b" \n\0"):
                 continue  # a holder that wrote no record (yet)
@@ -612,12 +624,7 @@ def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> 
             continue
         opened += 1
         try:
-            fd, info = _open_record(dir_fd, name)
-            try:
-                _owner_is(info, pid)
-            except BaseException:
-                os.close(fd)
-                raise
+            fd, info = _open_owned(dir_fd, name, pid)
             record = _process(path, decode(_read(fd)), info, (pid, started), host)
             seen.add((pid, started))
             registry.records.append(record)
@@ -640,13 +647,8 @@ def parent_pinned_to(cpus: frozenset[int]) -> bool:
     try:
         for name in _names(ppid, started):
             try:
-                fd, info = _open_record(dir_fd, name)
+                fd, info = _open_owned(dir_fd, name, ppid)
             except (OSError, ValueError):
-                continue
-            try:
-                _owner_is(info, ppid)
-            except ValueError:
-                os.close(fd)
                 continue
             try:
                 record = _process(
