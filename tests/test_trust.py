@@ -542,9 +542,9 @@ first = min(cpupin.process_cpus())
 stop = threading.Event()
 def spawner():  # starts threads all the time, each from a thread not yet moved
     while not stop.is_set():
-        t = threading.Thread(target=time.sleep, args=(0.05,))
-        t.start()
-threading.Thread(target=spawner).start()
+        threading.Thread(target=time.sleep, args=(0.01,), daemon=True).start()
+        time.sleep(0.0005)
+threading.Thread(target=spawner, daemon=True).start()
 time.sleep(0.05)
 cpupin.set_process_cpus({first})
 binding = cpupin.bind_process(node=0, memory="none")
