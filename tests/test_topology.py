@@ -51,6 +51,41 @@ def test_this_machine_agrees_with_os():
     assert set().union(*(n.cpus for n in host.nodes)) == host.cpus
 
 
+def listed_idle_states(cpu):
+    """The idle states sysfs lists for ``cpu``, read in plain Python: (name,
+    latency) in state order; [] where the host lists none (many VMs)."""
+    base = f"/sys/devices/system/cpu/cpu{cpu}/cpuidle"
+    try:
+        names = os.listdir(base)
+    except FileNotFoundError:
+        return []
+    states = []
+    for index in sorted(int(n[5:]) for n in names if n.startswith("state")):
+        with open(f"{base}/state{index}/name") as f:
+            name = f.read().strip()
+        with open(f"{base}/state{index}/latency") as f:
+            states.append((name, int(f.read())))
+    return states
+
+
+def test_this_machine_idle_states_agree_with_sysfs():
+    """Each package's idle states, as sysfs lists them for its first CPU, or
+    none at all (a VM that lists no cpuidle): then no deepest state, and a
+    reason that says so."""
+    host = read_host("/")
+    firsts = {}
+    for core in host.cores:
+        firsts.setdefault(core.package if core.package is not None else -1, core.cpus[0])
+    expected = {p: listed_idle_states(cpu) for p, cpu in firsts.items()}
+    expected = {p: states for p, states in expected.items() if states}
+    got = {p: [(s.name, s.latency_us) for s in states] for p, states in host.idle_states.items()}
+    assert got == expected
+    if not expected:
+        assert host.deepest_idle_state() is None
+        assert "no cpuidle states listed" in host.reasons
+        assert host.as_dict()["deepest_idle_state"] is None
+
+
 @pytest.mark.skipif(shutil.which("lscpu") is None, reason="needs lscpu")
 def test_this_machine_agrees_with_lscpu():
     out = subprocess.run(
