@@ -17,20 +17,24 @@ also where each one says what it pinned, with no daemon:
   renamed over the old) whenever a pin is made or released, and removed at
   exit.
 
-Everything read here is hostile: files are opened read-only, non-blocking,
-without following a symlink, regular files only, at most :data:`MAX_SIZE`
-bytes, and every field is checked before use; anything else is "unknown
-holder" with a short reason. A record is **live** only while its process
-exists with the same start time (a pid is reused) and, for a lock record,
-while ``/proc/locks`` shows an exclusive ``flock`` on that file's inode. A
-reader never takes the lock itself: even a shared lock held for an instant
-would make a server that starts at that moment stand aside.
+Everything read here is hostile (:func:`read_registry` says how): only
+names of these shapes are looked at; a record of a process that has exited
+is stale from its name alone and never opened; a live one is opened
+read-only, non-blocking, without following a symlink, a regular file of one
+link and at most :data:`MAX_SIZE` bytes, and parsed (strict JSON, every
+field checked) only when its owner is the uid its process runs as. A record
+is **live** only while its process exists with the same start time (a pid
+is reused) and, for a lock record, while ``/proc/locks`` shows that pid's
+exclusive ``flock`` on that file's inode. A reader never takes the lock
+itself: even a shared lock held for an instant would make a server that
+starts at that moment stand aside.
 """
 
 from __future__ import annotations
 
 import atexit
 import errno
+import functools
 import json
 import logging
 import math
@@ -40,7 +44,7 @@ import stat
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from . import _native
@@ -58,6 +62,8 @@ __all__ = [
     "decode",
     "encode",
     "lock_dir",
+    "open_lock_dir",
+    "prune",
     "read_registry",
     "register_pins",
 ]
@@ -285,7 +291,7 @@ class Registry:
     ignored: list[tuple[str, str]] = field(default_factory=list)
     not_listed: int = 0
     """Stale or ignored files past :data:`MAX_LISTED`, counted, not listed."""
-    _stale_count: int = 0
+    _stale_count: int = field(default=0, repr=False, compare=False)
 
     def pins_of(self, pid: int) -> list[Pinned]:
         """The registered pins of a live process."""
@@ -395,7 +401,7 @@ def _open_owned(
 
 def _read(fd: int) -> bytes:
     try:
-        return os.pread(fd, MAX_SIZE + 1, 0)[:MAX_SIZE]
+        return os.pread(fd, MAX_SIZE, 0)
     finally:
         os.close(fd)
 
@@ -563,7 +569,7 @@ def read_registry(
 
 
 def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> None:
-    procs: list[tuple[str, int, int]] = []
+    procs: list[tuple[str, int, int]] = []  # (name, pid, start time)
     gpus: list[tuple[str, os.stat_result]] = []
     with os.scandir(dir_fd) as entries:
         for entry in entries:
@@ -580,56 +586,82 @@ def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> 
                     continue  # removed meanwhile
     inodes = {(os.major(i.st_dev), os.minor(i.st_dev), i.st_ino) for _, i in gpus}
     holders = _flock_holders(inodes)
-    opened = 0
-    seen: set[tuple[int, int]] = set()  # the live processes with a record read
+    # What is worth opening, each with its reader: held lock files, then the
+    # records of live processes. The rest is stale, judged without a read.
+    reads: list[tuple[str, Callable[[], Record | None]]] = []
     for name, info in sorted(gpus):
         path = os.path.join(where, name)
-        holder = (
-            None
-            if holders is None
-            else holders.get((os.major(info.st_dev), os.minor(info.st_dev), info.st_ino))
-        )
-        if holder is None:
-            if info.st_size and stat.S_ISREG(info.st_mode):
-                why = "nobody holds its lock" if holders is not None else "/proc/locks unreadable"
-                registry._stale(Record("server", path, 0, 0, info.st_uid, why))
-            continue
-        if opened >= MAX_RECORDS:
-            registry.not_listed += 1
-            continue
-        opened += 1
-        try:
-            fd, now = _open_owned(dir_fd, name, holder, info)
-            raw = _read(fd)
-            if not raw.strip(b" \n\0"):
-                continue  # a holder that wrote no record (yet)
-            registry.records.append(_server(path, decode(raw), now, holder, host))
-        except (OSError, ValueError) as exc:
-            registry._ignore(path, _reason(exc))
+        key = (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino)
+        holder = None if holders is None else holders.get(key)
+        if holder is not None:
+            reads.append(
+                (path, functools.partial(_read_server, dir_fd, name, path, holder, info, host))
+            )
+        elif info.st_size and stat.S_ISREG(info.st_mode):
+            why = "nobody holds its lock" if holders is not None else "/proc/locks unreadable"
+            registry._stale(Record("server", path, 0, 0, info.st_uid, why))
+    seen: set[tuple[int, int]] = set()  # the live processes with a record read
     for name, pid, started in sorted(procs, key=lambda p: (p[1], p[2], p[0])):
         path = os.path.join(where, name)
         why = _alive(pid, started)
-        if why:
-            try:
-                owner = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid
-            except OSError:
-                continue
-            registry._stale(Record("process", path, pid, started, owner, why))
+        if not why:
+            reads.append(
+                (path, functools.partial(_read_live, dir_fd, name, path, pid, started, host, seen))
+            )
             continue
-        if (pid, started) in seen:
-            registry._ignore(path, f"a second record of pid {pid}")
-            continue
-        if opened >= MAX_RECORDS:
-            registry.not_listed += 1
-            continue
-        opened += 1
         try:
-            fd, info = _open_owned(dir_fd, name, pid)
-            record = _process(path, decode(_read(fd)), info, (pid, started), host)
-            seen.add((pid, started))
-            registry.records.append(record)
+            owner = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid
+        except OSError:
+            continue  # removed meanwhile
+        registry._stale(Record("process", path, pid, started, owner, why))
+    for opened, (path, reader) in enumerate(reads):
+        if opened >= MAX_RECORDS:
+            registry.not_listed += len(reads) - opened
+            break
+        try:
+            record = reader()
         except (OSError, ValueError) as exc:
             registry._ignore(path, _reason(exc))
+            continue
+        if record is not None:
+            registry.records.append(record)
+
+
+def _read_server(
+    dir_fd: int, name: str, path: str, holder: int, info: os.stat_result, host: frozenset[int]
+) -> Record | None:
+    """A held lock file's record; ``None`` when its holder wrote none (yet)."""
+    fd, now = _open_owned(dir_fd, name, holder, info)
+    raw = _read(fd)
+    if not raw.strip(b" \n\0"):
+        return None
+    return _server(path, decode(raw), now, holder, host)
+
+
+def _read_process(
+    dir_fd: int, name: str, path: str, pid: int, started: int, host: frozenset[int]
+) -> Record:
+    """A process record, read only when its owner is the uid ``pid`` runs as,
+    and counted only when it names that process."""
+    fd, info = _open_owned(dir_fd, name, pid)
+    return _process(path, decode(_read(fd)), info, (pid, started), host)
+
+
+def _read_live(
+    dir_fd: int,
+    name: str,
+    path: str,
+    pid: int,
+    started: int,
+    host: frozenset[int],
+    seen: set[tuple[int, int]],
+) -> Record:
+    """:func:`_read_process` for a live process, once per process."""
+    if (pid, started) in seen:
+        raise ValueError(f"a second record of pid {pid}")
+    record = _read_process(dir_fd, name, path, pid, started, host)
+    seen.add((pid, started))
+    return record
 
 
 def parent_pinned_to(cpus: frozenset[int]) -> bool:
@@ -645,16 +677,11 @@ def parent_pinned_to(cpus: frozenset[int]) -> bool:
     except OSError:
         return False
     try:
+        host = _native.online_cpus()
         for name in _names(ppid, started):
             try:
-                fd, info = _open_owned(dir_fd, name, ppid)
+                record = _read_process(dir_fd, name, name, ppid, started, host)
             except (OSError, ValueError):
-                continue
-            try:
-                record = _process(
-                    name, decode(_read(fd)), info, (ppid, started), _native.online_cpus()
-                )
-            except ValueError:
                 continue
             return record.live and any(pin.cpus == cpus for pin in record.pins)
     finally:
@@ -669,9 +696,8 @@ def parent_pinned_to(cpus: frozenset[int]) -> bool:
 _lock = threading.RLock()
 # Where this process's record is (directory, name), when it has one.
 _written: tuple[str, str] | None = None
-# Each call's number: a call that finds a newer one ran inside it (a signal
-# handler) drops its own, older, record.
-_calls = 0
+# This process's pid and start time, read once (a forked child reads its own).
+_me: tuple[int, int] | None = None
 # Set at exit: threads still pinning (daemons) write no record afterwards.
 _closed = False
 # The lock directories already warned about, so that each says why once.
@@ -708,13 +734,10 @@ def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
     squats is passed over for the next of :func:`_names`. Best effort: a
     directory that cannot take the record logs why once, at warning level,
     and the pins stand."""
-    global _calls
     listed = sorted(pins, key=lambda p: p.tid)
     with _lock:
         if _disabled or _closed:
             return
-        _calls += 1
-        mine = _calls
         where = lock_dir(directory)
         try:
             dir_fd = open_lock_dir(where)
@@ -722,15 +745,15 @@ def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
             _warn_once(where, exc.strerror or str(exc))
             return
         try:
-            _replace(dir_fd, where, listed, mine)
+            _replace(dir_fd, where, listed)
         finally:
             os.close(dir_fd)
 
 
-def _record_bytes(listed: list[Pinned], started: int) -> bytes:
+def _record_bytes(listed: list[Pinned], pid: int, started: int) -> bytes:
     record = {
         "version": VERSION,
-        "pid": os.getpid(),
+        "pid": pid,
         "start_time": started,
         "uid": os.geteuid(),
         "time": round(time.time(), 3),
@@ -742,17 +765,20 @@ def _record_bytes(listed: list[Pinned], started: int) -> bytes:
     return encode(record, size=None)
 
 
-def _replace(dir_fd: int, where: str, listed: list[Pinned], mine: int) -> None:
-    global _written
+def _replace(dir_fd: int, where: str, listed: list[Pinned]) -> None:
+    global _written, _me
     if _written is not None and _written[0] != where:
         _remove()  # the directory changed: the old record goes
     if not listed:
-        _remove()
+        _remove(dir_fd)
         return
-    pid = os.getpid()
-    started = start_time(pid) or 0
-    data = _record_bytes(listed, started)
-    tmp = f"cpupin-tmp-{pid}-{mine}.tmp"
+    if _me is None:
+        _me = (os.getpid(), start_time(os.getpid()) or 0)
+    pid, started = _me
+    data = _record_bytes(listed, pid, started)
+    # One writer at a time (the lock; threads.py keeps a signal handler's
+    # publish from nesting in another): one temporary name per process.
+    tmp = f"cpupin-tmp-{pid}.tmp"
     try:
         fd = os.open(
             tmp,
@@ -769,9 +795,6 @@ def _replace(dir_fd: int, where: str, listed: list[Pinned], mine: int) -> None:
         _unlink(dir_fd, tmp)
         _warn_once(where, f"cannot write a record there: {exc.strerror}")
         return
-    if mine != _calls:
-        _unlink(dir_fd, tmp)  # a newer record was written inside this call
-        return
     names = _names(pid, started)
     if _written is not None and _written[1] in names:
         names.remove(_written[1])
@@ -784,7 +807,7 @@ def _replace(dir_fd: int, where: str, listed: list[Pinned], mine: int) -> None:
             why = why or f"{name} is taken ({exc.strerror})"
             continue
         if _written is not None and _written != (where, name):
-            _remove()
+            _remove(dir_fd)
         _written = (where, name)
         return
     _unlink(dir_fd, tmp)
@@ -810,12 +833,16 @@ def _warn_once(where: str, why: str) -> None:
     )
 
 
-def _remove() -> None:
+def _remove(dir_fd: int | None = None) -> None:
+    """Remove this process's record; ``dir_fd``: its directory, already open."""
     global _written
     if _written is None:
         return
     where, name = _written
     _written = None
+    if dir_fd is not None:
+        _unlink(dir_fd, name)
+        return
     try:
         dir_fd = open_lock_dir(where)
     except OSError:
@@ -838,29 +865,29 @@ def _remove_at_exit() -> None:
 def _after_fork_in_child() -> None:
     # The child is another process: its parent's record is not its own, and
     # a lock another thread held at the fork would never be released.
-    global _written, _lock, _calls, _closed
-    _written = None
-    _calls = 0
+    global _written, _lock, _me, _closed
+    _written = _me = None
     _closed = False
     _lock = threading.RLock()
 
 
 def prune(directory: str | os.PathLike[str] | None = None) -> list[str]:
     """Remove the stale process records in the lock directory that this
-    user owns (a process killed before it could remove its own); returns
-    their paths. Lock files are never removed (see :mod:`cpupin.lock`): a
-    stale server record there is harmless and is overwritten by the next
-    server that takes the lock."""
+    user owns (a process killed before it could remove its own), however
+    many; returns their paths. Staleness comes from each name's pid and
+    start time, as :func:`read_registry` judges it; nothing is parsed. Lock
+    files are never removed (see :mod:`cpupin.lock`): a stale server record
+    there is harmless and is overwritten by the next server that takes the
+    lock."""
     where = lock_dir(directory)
-    found = read_registry(where)
     removed = []
     me = os.geteuid()
     dir_fd = open_lock_dir(where)
     try:
-        for record in found.records:
-            if record.kind != "process" or record.live or record.uid != me:
+        for name in sorted(os.listdir(dir_fd)):
+            found = _PROC_NAME.fullmatch(name)
+            if not found or not _alive(int(found.group(1)), int(found.group(2))):
                 continue
-            name = os.path.basename(record.path)
             try:
                 info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if info.st_uid != me or not stat.S_ISREG(info.st_mode):
@@ -868,7 +895,7 @@ def prune(directory: str | os.PathLike[str] | None = None) -> list[str]:
                 os.unlink(name, dir_fd=dir_fd)
             except OSError:
                 continue
-            removed.append(record.path)
+            removed.append(os.path.join(where, name))
     finally:
         os.close(dir_fd)
     return removed
