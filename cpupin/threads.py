@@ -301,7 +301,7 @@ class Pin:
         if self.tid == _native.gettid():
             _native.set_affinity(self.previous)
             return
-        if self._started is None or start_time(0, self.tid) != self._started:
+        if not _alive(self.tid, self._started):
             return  # the thread is gone; the tid may name another task now
         try:
             _native.set_affinity(self.previous, self.tid)
@@ -380,8 +380,10 @@ def _publish() -> None:
         while _dirty:
             _dirty = False
             # Snapshots: a signal handler may change the pins between two steps.
+            # The calling thread runs: only the others' start times are read.
+            me = _native.gettid()
             for tid, pin in list(_pins.items()):
-                if not _alive(tid, pin[3]):
+                if tid != me and not _alive(tid, pin[3]):
                     _pins.pop(tid, None)
             registry.register_pins(
                 [
