@@ -45,9 +45,12 @@ def _require() -> None:
         ) from None
 
 
-def _collect(pids: Iterable[int | None], registry: Registry | None) -> Iterator[Any]:
+def _collect(
+    pids: Iterable[int | None], registry: Registry | None, skip_gone: bool
+) -> Iterator[Any]:
     """The four families, each once, with the samples of every process in
-    ``pids`` (``None``: this one) that still runs."""
+    ``pids`` (``None``: this one): one that has exited is left out with
+    ``skip_gone``, else raises ``ProcessLookupError``."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     cpu = CounterMetricFamily(
@@ -69,11 +72,13 @@ def _collect(pids: Iterable[int | None], registry: Registry | None) -> Iterator[
         try:
             threads = thread_masks(target)
         except (OSError, ValueError):
-            continue  # exited since it was listed
+            if skip_gone:
+                continue  # exited since it was listed
+            raise
         if own:
             roles, mask = pinned_roles(), process_cpus()
         else:
-            found = registry if registry is not None else read_registry()
+            found = registry = registry if registry is not None else read_registry()
             roles = {p.tid: (p.role, p.cpus) for p in found.pins_of(target or 0)}
             mask, _ = process_mask_of(target or 0, [m for _, m in threads])
         pid = str(os.getpid() if target is None else target)
@@ -110,9 +115,7 @@ class ThreadCollector:
         self.registry = registry
 
     def collect(self) -> Iterator[Any]:
-        if self.pid is not None and self.pid != os.getpid():
-            thread_masks(self.pid)  # ProcessLookupError when it is gone, as before
-        yield from _collect([self.pid], self.registry)
+        yield from _collect([self.pid], self.registry, skip_gone=False)
 
 
 class ProcessesCollector:
@@ -126,4 +129,4 @@ class ProcessesCollector:
 
     def collect(self) -> Iterator[Any]:
         pids = sorted({r.pid for r in self.registry.records if r.kind == "process" and r.live})
-        yield from _collect(pids, self.registry)
+        yield from _collect(pids, self.registry, skip_gone=True)
