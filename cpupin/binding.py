@@ -159,15 +159,15 @@ def decide_binding(
                 f"{format_cpulist(ids) or 'none'})"
             )
         target = node
-        if not next(n.cpus for n in host.nodes if n.id == node):
+        if not _node_cpus(host, node):
             reasons.append(
                 f"node {node} has no CPUs (memory only, such as a GPU's): nothing to bind to; "
                 "name a node with CPUs"
             )
             target = None
     new = mask
+    node_cpus = frozenset[int]() if target is None else _node_cpus(host, target)
     if cpus == "node" and target is not None:
-        node_cpus = next(n.cpus for n in host.nodes if n.id == target)
         new = mask & node_cpus
         if not new:
             new = mask
@@ -186,11 +186,12 @@ def decide_binding(
             )
         else:
             policy, nodes = memory, frozenset({target})
-    if policy != "none" and target is not None and not new & _node_cpus(host, target):
-        homes = sorted(n.id for n in host.nodes if n.cpus & new)
+    if policy != "none" and not new & node_cpus:
+        homes = {n for n in map(host.node_of, new) if n is not None}
         reasons.append(
-            f"so its CPUs (node {format_cpulist(homes) or '?'}) and its memory (node {target}) "
-            "are on different nodes, and every access to memory crosses between them: give "
+            f"the process's CPUs (node {format_cpulist(homes) or '?'}) and its memory (node "
+            f"{target}) are on different nodes, and every access to memory crosses between "
+            "them: give "
             f"the process CPUs of node {target} (the launcher's CPU set), or pass "
             "memory='none' (--memory none) to keep memory with the CPUs"
         )
