@@ -36,23 +36,21 @@ def _escape(char: str) -> str:
 def printable(text: str, size: int | None = None) -> str:
     """``text`` safe to write to a terminal or a text file: control
     characters (escape sequences, carriage returns, newlines), invisible
-    direction marks and bytes that were not UTF-8 become visible ``\\xNN``
-    escapes, and the result always encodes as UTF-8. With ``size``, at most
-    that many characters of ``text`` are kept (``…`` marks a cut). Thread
-    names, file names and record fields read from outside are printed only
-    through this (or :func:`excerpt`)."""
+    direction marks, unassigned code points and bytes that were not UTF-8
+    become visible ``\\xNN``/``\\uNNNN`` escapes, and the result always
+    encodes as UTF-8. With ``size``, at most that many characters of
+    ``text`` are kept (``…`` marks a cut). Idempotent: text already made
+    printable (a registry field) passes unchanged. Thread names, file names
+    and record fields read from outside are printed only through this (or
+    :func:`excerpt`)."""
     if not isinstance(text, str):
         text = str(text)
     cut = size is not None and len(text) > size
     if cut:
         text = text[: max(size or 0, 1) - 1]
-    if text.isprintable() and "\\" not in text:
-        return text + ("…" if cut else "")
-    # Anything Python does not call printable: controls, format characters
-    # (direction marks), separators other than space, unassigned code
-    # points, lone surrogates (bytes that were not UTF-8); and the backslash.
-    body = "".join(c if c.isprintable() and c != "\\" else _escape(c) for c in text)
-    return body + ("…" if cut else "")
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else _escape(c) for c in text)
+    return text + ("…" if cut else "")
 
 
 class UnsupportedPlatform(OSError):

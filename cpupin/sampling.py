@@ -278,7 +278,7 @@ def _registry_of(pid: int, lock_dirs: list[str] | None) -> Registry:
                 theirs = os.path.join(os.readlink(f"/proc/{pid}/cwd"), theirs)
             except OSError:
                 theirs = None
-        lock_dirs = [lock_dir(theirs) if theirs else lock_dir(), lock_dir(), "/tmp"]
+        lock_dirs = [theirs or lock_dir(), lock_dir(), "/tmp"]
     first = None
     for where in dict.fromkeys(lock_dirs):
         found = read_registry(where)
