@@ -663,3 +663,12 @@ def test_exec_says_when_cpus_and_memory_are_on_different_nodes(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "different nodes" in out and "memory preferred on node 1" in out
+
+
+def test_prune_removes_every_stale_record_not_only_those_listed(lock_dir):
+    """More stale records than a read lists: prune still removes them all."""
+    count = registry.MAX_LISTED + 50
+    for i in range(count):
+        (lock_dir / f"cpupin-proc-{4_000_000 + i}-1.json").write_bytes(b"x")
+    assert len(registry.prune(lock_dir)) == count
+    assert os.listdir(lock_dir) == []
