@@ -294,19 +294,22 @@ class Pin:
         if self._released:
             return
         self._released = True
+        # The mask and the registry change under the lock that
+        # stray_threads() reads them under: it never sees one without the other.
         with _pins_lock:
-            if self.tid in _pins and _pins[self.tid][0] == self.cpus:
-                del _pins[self.tid]
-                _publish()
-        if self.tid == _native.gettid():
-            _native.set_affinity(self.previous)
-            return
-        if not _alive(self.tid, self._started):
-            return  # the thread is gone; the tid may name another task now
-        try:
-            _native.set_affinity(self.previous, self.tid)
-        except ProcessLookupError:
-            pass  # exited just now
+            try:
+                if self.tid == _native.gettid():
+                    _native.set_affinity(self.previous)
+                elif _alive(self.tid, self._started):
+                    try:
+                        _native.set_affinity(self.previous, self.tid)
+                    except ProcessLookupError:
+                        pass  # exited just now
+                # else: the thread is gone; the tid may name another task now
+            finally:
+                if self.tid in _pins and _pins[self.tid][0] == self.cpus:
+                    del _pins[self.tid]
+                    _publish()
 
     def __enter__(self) -> Pin:
         return self
@@ -346,13 +349,14 @@ def pin_current_thread(
     if name is not None:
         _name_current_thread(name)
     tid = _native.gettid()
-    previous = _native.get_affinity()
-    _native.set_affinity(wanted)
     started = start_time(0, tid)
     # The name Python knows (a thread started from C or _thread gets a
     # placeholder), else the kernel's.
     label = threading.current_thread().name
+    # Pinned and registered under the lock stray_threads() reads under.
     with _pins_lock:
+        previous = _native.get_affinity()
+        _native.set_affinity(wanted)
         _pins[tid] = (wanted, role, label, started)
         _publish()
     return Pin(tid, wanted, previous, _started=started)
@@ -450,9 +454,9 @@ def stray_threads() -> list[ThreadInfo]:
     someone pinned behind cpupin's back. Exact, since the process knows its
     own pins. A runtime's tests call it."""
     mask = process_cpus()
-    threads = thread_masks()
-    alive = {st.tid for st, _ in threads}
-    with _pins_lock:
+    with _pins_lock:  # a pin and its record change together under it
+        threads = thread_masks()
+        alive = {st.tid for st, _ in threads}
         for tid in [t for t in list(_pins) if t not in alive]:
             _pins.pop(tid, None)  # its thread is gone; the tid may come back
         pins = {tid: cpus for tid, (cpus, _, _, _) in list(_pins.items())}
