@@ -21,10 +21,11 @@ comes from a small cache.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import resource
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, NoReturn
 
 from ._cpupin import ffi, lib
@@ -557,6 +558,38 @@ def thread_stats(pid: int | None = None, *, last_cpu: bool = False) -> list[Thre
 
 
 # --- memory policy ---------------------------------------------------------
+
+
+# --- a step clock's marks ---------------------------------------------------
+
+#: Where a step clock's state keeps what (see ``cpupin_step_end``).
+STEP_LAST, STEP_KEEP, STEP_COUNT, STEP_SUMS, STEP_RING = 4, 12, 13, 14, 20
+
+
+def step_marker(
+    sched_fd: int, stat_fd: int = -1, stat_kind: int = 0, join_ns: int = 0, keep: int = 1
+) -> tuple[Callable[[], int], Callable[[], int], Any]:
+    """The begin and end marks of a step clock and the state they keep.
+
+    The marks read the monotonic clock, the schedstat open at ``sched_fd``
+    and the cgroup's ``cpu.stat`` open at ``stat_fd`` (``stat_kind`` 2:
+    cgroup v2, 1: v1, 0: not read; -1 when not found); a begin within
+    ``join_ns`` of the last end returns 1 and takes that end as its start.
+    An end stores the step's wall, run, wait and throttled ns at
+    ``state[4:8]`` and in a ring of ``keep`` steps from ``state[20]``, counts
+    it in ``state[13]`` and adds it to the sums at ``state[14:17]``. Each
+    returns 0 or ``-errno``. One call into C a mark, one argument, no Python
+    frame between (``functools.partial``): a step costs about one read of
+    each file."""
+    state = ffi.new("long long[]", STEP_RING + 4 * keep)
+    state[8], state[9], state[10], state[11] = sched_fd, stat_fd, stat_kind, join_ns
+    state[STEP_KEEP] = keep
+    return (
+        functools.partial(lib.cpupin_step_begin, state),
+        functools.partial(lib.cpupin_step_end, state),
+        state,
+    )
+
 
 #: The kernel's memory policy modes (``linux/mempolicy.h``).
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL = 0, 1, 2, 3, 4

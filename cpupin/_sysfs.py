@@ -212,6 +212,11 @@ class Reader:
         # Some kernels (and captures) end a value with a NUL.
         return b"".join(chunks).decode("utf-8", "replace").replace("\x00", "")
 
+    def open_file(self, rel: str) -> int | None:
+        """A descriptor of the regular file ``rel`` for the caller to keep
+        (and close), or ``None`` with a reason as :meth:`text` gives."""
+        return self._fd_of(rel, False)
+
     def listdir(self, rel: str) -> list[str] | None:
         """The names in a folder (at most :data:`MAX_ENTRIES`), or ``None``."""
         fd = self._fd_of(rel, True)

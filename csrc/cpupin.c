@@ -206,6 +206,86 @@ int cpupin_schedstat(int pid, int tid, unsigned long long *out3)
     return parse_schedstat(buf, out3);
 }
 
+/* A step clock's marks. One argument (cffi calls with more cost more):
+ * s[0..3] the step's start: CLOCK_MONOTONIC ns, the run and wait ns of the
+ * schedstat open at s[8], the cgroup's throttled ns from the cpu.stat open
+ * at s[9] (s[10] 2: v2's "throttled_usec", 1: v1's "throttled_time" in ns;
+ * 0: not read, -1). Begin: when the last mark is younger than s[11] ns (the
+ * previous step's end), it stands as the start and 1 is returned without
+ * reading; else the start is read. End: s[4..7] get the step's four
+ * differences (throttled -1 when unknown), which are also stored in the
+ * ring of s[12] steps at s[20...] (step s[13] at slot s[13] % s[12]); s[13]
+ * counts the steps, s[14..16] sum wall, wait and throttled ns; the end
+ * becomes s[0..3]. 0 or -errno. */
+static int step_read(int sched_fd, int stat_fd, int stat_kind, long long *out)
+{
+    char buf[1024];
+    unsigned long long st[3];
+    ssize_t len;
+
+    len = pread(sched_fd, buf, 127, 0);
+    if (len < 0)
+        return gone(errno);
+    buf[len] = '\0';
+    if (parse_schedstat(buf, st) < 0)
+        return -EINVAL;
+    out[1] = (long long)st[0];
+    out[2] = (long long)st[1];
+    out[3] = -1;
+    if (stat_kind == 0 || stat_fd < 0)
+        return 0;
+    len = pread(stat_fd, buf, sizeof buf - 1, 0);
+    if (len < 0)
+        return -errno;
+    buf[len] = '\0';
+    {
+        const char *key = stat_kind == 2 ? "throttled_usec " : "throttled_time ";
+        const char *hit = strstr(buf, key);
+        if (hit == NULL || (hit != buf && hit[-1] != '\n'))
+            return 0;
+        hit += strlen(key);
+        if (*hit < '0' || *hit > '9')
+            return 0;
+        out[3] = (long long)strtoull(hit, NULL, 10);
+        if (stat_kind == 2)
+            out[3] *= 1000;
+    }
+    return 0;
+}
+
+static int step_mark(long long *s, int end)
+{
+    struct timespec ts;
+    long long now[4];
+    int rc;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now[0] = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (!end && now[0] - s[0] < s[11])
+        return 1;
+    rc = step_read((int)s[8], (int)s[9], (int)s[10], now);
+    if (rc < 0)
+        return rc;
+    if (end) {
+        long long *slot = s + 20 + 4 * (s[13] % s[12]);
+        for (int i = 0; i < 3; i++)
+            s[4 + i] = now[i] - s[i];
+        s[7] = now[3] >= 0 && s[3] >= 0 ? now[3] - s[3] : -1;
+        for (int i = 0; i < 4; i++)
+            slot[i] = s[4 + i];
+        s[13]++;
+        s[14] += s[4];
+        s[15] += s[6];
+        if (s[7] > 0)
+            s[16] += s[7];
+    }
+    for (int i = 0; i < 4; i++)
+        s[i] = now[i];
+    return 0;
+}
+int cpupin_step_begin(long long *s) { return step_mark(s, 0); }
+int cpupin_step_end(long long *s) { return step_mark(s, 1); }
+
 /* The calling thread's kernel name (comm, what top -H, ps -L, perf and
  * py-spy show): at most 15 bytes, cut by the caller. */
 int cpupin_set_thread_name(const char *name)
@@ -792,6 +872,8 @@ int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, in
     return -ENOSYS;
 }
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3) { return -ENOSYS; }
+int cpupin_step_begin(long long *s) { return -ENOSYS; }
+int cpupin_step_end(long long *s) { return -ENOSYS; }
 int cpupin_open_in_root(int rootfd, const char *path, int want_dir, unsigned int *mode)
 {
     return -ENOSYS;

@@ -26,6 +26,14 @@ int cpupin_mask_is(const uint64_t *want);
 /* One task's /proc/<pid>/task/<tid>/schedstat; tid 0 is the calling thread. */
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3);
 
+/* A step clock's marks (the layout of s is in cpupin.c): the start, the
+ * last step's differences, the schedstat and cpu.stat descriptors, the
+ * cgroup version (0: none), the join window, then a ring of steps and
+ * their sums. begin returns 1 when the previous end stands as the start;
+ * both 0 or -errno. */
+int cpupin_step_begin(long long *s);
+int cpupin_step_end(long long *s);
+
 /* The calling thread's kernel name (prctl PR_SET_NAME; 15 bytes at most). */
 int cpupin_set_thread_name(const char *name);
 

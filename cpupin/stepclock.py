@@ -1,0 +1,310 @@
+"""The scheduling delay of each step: :class:`StepClock`.
+
+Made in the step thread, a clock keeps that thread's ``schedstat`` open and,
+when the process's cgroup has a quota, the ``cpu.stat`` beside it; each
+mark is one call into C that reads the monotonic clock and both files. For
+each step it records the wall time, the step thread's time on a CPU, its
+time runnable but waiting for one, and the time the cgroup was held back by
+its quota; it keeps the last steps for percentiles, a histogram of the wait
+for Prometheus, and calls ``on_slow`` for a step whose wait passed a bound.
+
+A step that begins within :data:`JOIN_NS` of the previous one's end starts
+from that end's reading (a loop of steps costs one read a step, not two);
+what falls between them is at most that long and is counted in the next
+step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from . import _native
+from ._sysfs import Reader
+from .cgroup import read_cgroup
+
+__all__ = ["BUCKETS_S", "JOIN_NS", "Step", "StepClock", "clocks"]
+
+#: The upper bounds (seconds) of the wait histogram, as Prometheus buckets.
+BUCKETS_S = (
+    0.000_005,
+    0.000_01,
+    0.000_025,
+    0.000_05,
+    0.000_1,
+    0.000_25,
+    0.000_5,
+    0.001,
+    0.002_5,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+)
+_BOUNDS_NS = [round(b * 1e9) for b in BUCKETS_S]
+
+#: A step that begins this soon after the previous one ended reuses that
+#: end's reading as its start.
+JOIN_NS = 5_000
+
+_clocks: weakref.WeakSet[StepClock] = weakref.WeakSet()
+
+
+def clocks() -> list[StepClock]:
+    """The clocks alive in this process (what the Prometheus collector exports)."""
+    return sorted(_clocks, key=lambda c: c.name)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: wall time, the step thread's time on a CPU and waiting for
+    one, and the time the cgroup was throttled (``None`` without a quota),
+    all in nanoseconds."""
+
+    wall_ns: int
+    run_ns: int
+    wait_ns: int
+    throttled_ns: int | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "wall_us": round(self.wall_ns / 1000, 1),
+            "run_us": round(self.run_ns / 1000, 1),
+            "wait_us": round(self.wait_ns / 1000, 1),
+            "throttled_us": None
+            if self.throttled_ns is None
+            else round(self.throttled_ns / 1000, 1),
+        }
+
+
+class StepClock:
+    """Times each step of the thread that makes it.
+
+    ``clock = StepClock()`` in the step thread, then ``with clock.step():``
+    around each step (or ``clock.begin()`` / ``clock.end()``). The last
+    ``keep`` steps are kept for :meth:`percentiles`; ``on_slow(step)`` is
+    called for a step whose run-queue wait reached ``slow_wait_us``.
+    ``throttle=False`` skips the cgroup's counters; ``root`` is where the
+    cgroup is read. The on-CPU time is the kernel's ``schedstat``, which it
+    brings up to date at each tick and each switch: a step shorter than a
+    tick reads none or a whole tick, and the sum over many steps is right.
+    The wait is exact.
+    """
+
+    def __init__(
+        self,
+        name: str = "step",
+        *,
+        keep: int = 4096,
+        slow_wait_us: float | None = None,
+        on_slow: Callable[[Step], object] | None = None,
+        throttle: bool = True,
+        root: str = "/",
+    ) -> None:
+        if not isinstance(keep, int) or isinstance(keep, bool) or not 1 <= keep <= 1 << 22:
+            raise ValueError(f"keep={keep!r}: a whole number of steps from 1 to {1 << 22}")
+        if slow_wait_us is not None and not (
+            isinstance(slow_wait_us, (int, float)) and 0 <= slow_wait_us < 1e12
+        ):
+            raise ValueError(f"slow_wait_us={slow_wait_us!r}: microseconds, 0 or more")
+        if on_slow is not None and not callable(on_slow):
+            raise TypeError(f"on_slow={on_slow!r} is not callable")
+        self.name = str(name)
+        self.keep = keep
+        self.on_slow = on_slow
+        self._slow_ns = None if slow_wait_us is None else int(slow_wait_us * 1000)
+        self.throttle_source: str | None = None
+        self.wait_counts = [0] * (len(_BOUNDS_NS) + 1)
+        self._root = root
+        self._want_throttle = throttle
+        self._forked_away = False
+        self._sched_fd = self._stat_fd = -1
+        self._begin, self._end, self._state = _native.step_marker(-1, keep=keep)
+        self._open()
+        _clocks.add(self)
+
+    # --- the descriptors ---------------------------------------------------
+
+    def _open(self) -> None:
+        self.tid = _native.gettid()
+        self._sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        kind = 0
+        if self._want_throttle:
+            with Reader(self._root) as r:
+                quota = read_cgroup(r)[1]
+                if quota is not None:
+                    rel = f"{os.path.dirname(quota.source)}/cpu.stat"
+                    fd = r.open_file(rel)
+                    if fd is not None:
+                        self._stat_fd = fd
+                        kind = 2 if quota.source.endswith("cpu.max") else 1
+                        self.throttle_source = rel
+        state = self._state
+        state[8], state[9], state[10], state[11] = self._sched_fd, self._stat_fd, kind, JOIN_NS
+
+    def close(self) -> None:
+        """Close the descriptors; the steps recorded stay readable."""
+        for fd in (self._sched_fd, self._stat_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._sched_fd = self._stat_fd = -1
+        self._state[8] = self._state[9] = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _fail(self, rc: int) -> None:
+        if self._forked_away:
+            raise RuntimeError(
+                "this StepClock was made in a thread of the parent process that the "
+                "child does not have: make one in the child's step thread"
+            )
+        if self._sched_fd < 0:
+            raise RuntimeError(f"StepClock {self.name!r} is closed")
+        if rc == -errno.ESRCH:
+            raise ProcessLookupError(
+                errno.ESRCH, f"tid {self.tid}, the thread this StepClock times, has exited"
+            )
+        _native.raise_oserror(rc, f"the step clock of tid {self.tid}")
+
+    # --- a step ----------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start a step."""
+        if self._begin() < 0:
+            self._fail(self._begin())
+
+    def end(self) -> None:
+        """End the step begun last, and record it."""
+        rc = self._end()
+        if rc < 0:
+            self._fail(rc)
+        wait = self._state[6]
+        self.wait_counts[bisect.bisect_left(_BOUNDS_NS, wait)] += 1
+        if self._slow_ns is not None and wait >= self._slow_ns and self.on_slow is not None:
+            self.on_slow(self._step_at(_native.STEP_LAST))
+
+    def step(self) -> StepClock:
+        """``with clock.step(): ...``: the clock is its own context manager."""
+        return self
+
+    def __enter__(self) -> StepClock:
+        if self._begin() < 0:
+            self._fail(self._begin())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+    # --- what was recorded ---------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        """Steps ended so far."""
+        return int(self._state[_native.STEP_COUNT])
+
+    @property
+    def wall_sum_ns(self) -> int:
+        return int(self._state[_native.STEP_SUMS])
+
+    @property
+    def wait_sum_ns(self) -> int:
+        return int(self._state[_native.STEP_SUMS + 1])
+
+    @property
+    def throttled_sum_ns(self) -> int:
+        return int(self._state[_native.STEP_SUMS + 2])
+
+    def _step_at(self, at: int) -> Step:
+        s = self._state
+        t = s[at + 3]
+        return Step(s[at], s[at + 1], s[at + 2], None if t < 0 else t)
+
+    def recent(self) -> list[Step]:
+        """The steps kept (the last ``keep``), oldest first. Read from
+        another thread while steps run, the newest may be half stored."""
+        steps = self.steps
+        n = min(steps, self.keep)
+        return [
+            self._step_at(_native.STEP_RING + 4 * ((steps - n + k) % self.keep)) for k in range(n)
+        ]
+
+    @property
+    def last(self) -> Step | None:
+        """The step ended last."""
+        return self._step_at(_native.STEP_LAST) if self.steps else None
+
+    def percentiles(self, qs: tuple[float, ...] = (50, 99)) -> dict[str, dict[str, float]]:
+        """Percentiles (nearest rank) of the kept steps' wall, run, wait and
+        throttled time, in microseconds: ``{"wait_us": {"p50": ..}, ..}``."""
+        steps = self.recent()
+        out: dict[str, dict[str, float]] = {}
+        for key in ("wall", "run", "wait", "throttled"):
+            values = sorted(v for v in (getattr(s, f"{key}_ns") for s in steps) if v is not None)
+            out[f"{key}_us"] = (
+                {f"p{q:g}": round(_rank(values, q) / 1000, 1) for q in qs} if values else {}
+            )
+        return out
+
+    def histogram(self) -> tuple[list[tuple[str, int]], float]:
+        """The wait histogram as Prometheus wants it: cumulative counts a
+        bucket (``le`` as text, ``+Inf`` last) and the sum in seconds."""
+        counts = list(self.wait_counts)
+        out, running = [], 0
+        for bound, count in zip([*BUCKETS_S, None], counts):
+            running += count
+            out.append(("+Inf" if bound is None else repr(bound), running))
+        return out, self.wait_sum_ns / 1e9
+
+    def summary(self) -> dict[str, object]:
+        """Steps counted, totals and the percentiles of the kept steps."""
+        return {
+            "name": self.name,
+            "tid": self.tid,
+            "steps": self.steps,
+            "wall_s": round(self.wall_sum_ns / 1e9, 6),
+            "wait_s": round(self.wait_sum_ns / 1e9, 6),
+            "throttled_s": round(self.throttled_sum_ns / 1e9, 6),
+            "throttle_source": self.throttle_source,
+            **self.percentiles(),
+        }
+
+    def __iter__(self) -> Iterator[Step]:
+        return iter(self.recent())
+
+
+def _rank(values: list[int], q: float) -> int:
+    k = max(0, min(len(values) - 1, -(-len(values) * q // 100) - 1))
+    return values[int(k)]
+
+
+_forking_tid = 0
+
+
+def _before_fork() -> None:
+    global _forking_tid
+    _forking_tid = _native.gettid()
+
+
+def _after_fork_in_child() -> None:
+    """Only the forking thread lives on in the child: its clocks go on
+    reading its new schedstat; any other thread's clock refuses to read."""
+    for clock in list(_clocks):
+        opened = clock._sched_fd >= 0
+        clock.close()
+        if clock.tid == _forking_tid and opened:
+            clock._open()
+        else:
+            clock._forked_away = True
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
