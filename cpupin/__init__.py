@@ -3,7 +3,8 @@
 The native layer (tids, the current CPU, thread affinity with CPU sets sized
 at run time, schedstat reads), CPU lists and the process mask; the host's
 topology and the CPU plan; placement, the lock per GPU and the server plan;
-threads and pools that start on the process mask, and pinning step threads.
+threads and pools that start on the process mask, and pinning step threads;
+pools capped to the usable CPUs, their census, and the step clock.
 See the README for the guide.
 """
 
@@ -28,9 +29,11 @@ from .errors import PlanError, UnsupportedPlatform
 from .handoff import HandoffResult  # also makes cpupin.handoff.handoff reachable
 from .lock import Claim, claim_gpus
 from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
+from .pools import Census, Pool, PoolLimits, census, cpu_plan, limit_pools, pool_env, usable_cpus
 from .process import process_cpus, set_process_cpus
 from .sampling import Sampler, ThreadSample, sample_threads
 from .server import ServerPlan, child_env, plan_server, resolve_devices
+from .stepclock import Step, StepClock
 from .threads import (
     Pin,
     Thread,
@@ -50,6 +53,16 @@ __version__ = "0.1.0"
 __all__ = [
     "HAVE_AFFINITY",
     "Binding",
+    "Census",
+    "Pool",
+    "PoolLimits",
+    "Step",
+    "StepClock",
+    "census",
+    "cpu_plan",
+    "limit_pools",
+    "pool_env",
+    "usable_cpus",
     "bind_process",
     "decide_binding",
     "Claim",

@@ -43,9 +43,9 @@ class CpuPlan:
         return cls(allowed, host.quota, frozenset(pinned) & allowed)
 
     @property
-    def usable_cpus(self) -> int:
-        """CPUs the process can keep busy: the mask, capped by the quota
-        (``ceil(quota / period)``), at least 1."""
+    def capacity(self) -> int:
+        """CPUs' worth of time the process has: the mask, capped by the
+        quota (``ceil(quota / period)``), at least 1."""
         n = len(self.mask)
         if self.quota is not None:
             n = min(n, self.quota.cpus)
@@ -57,9 +57,16 @@ class CpuPlan:
         return self.mask - self.pinned
 
     @property
+    def usable_cpus(self) -> int:
+        """The CPUs the process can keep busy with its pools: the mask,
+        capped by the quota, less the CPUs pinned for step and result
+        threads; at least 1. The one number every pool is sized from."""
+        return max(1, self.capacity - len(self.pinned & self.mask))
+
+    @property
     def cpus_left(self) -> int:
-        """Usable CPUs once the pinned ones are taken out, at least 1."""
-        return max(1, self.usable_cpus - len(self.pinned & self.mask))
+        """The same as :attr:`usable_cpus` (its earlier name)."""
+        return self.usable_cpus
 
     def with_pinned(self, cpus: Iterable[int]) -> CpuPlan:
         """This plan with ``cpus`` pinned as well (those in the mask)."""
@@ -67,11 +74,11 @@ class CpuPlan:
 
     def pool_size(self, pool: str = "intra_op", *, at_most: int | None = None) -> int:
         """Threads for ``pool`` (``"intra_op"``, ``"encode"`` or ``"copy"``,
-        see :data:`POOLS`) from the CPUs left; never below 1."""
+        see :data:`POOLS`) from the usable CPUs; never below 1."""
         if pool not in POOLS:
             raise ValueError(f"no pool {pool!r}: choose one of {', '.join(POOLS)}")
         share, cap = POOLS[pool]
-        size = int(self.cpus_left * share)
+        size = int(self.usable_cpus * share)
         if cap is not None:
             size = min(size, cap)
         if at_most is not None:

@@ -12,8 +12,17 @@ both counters (Prometheus computes the rates), labelled ``pid``, ``tid``,
 ``name``, ``role`` (the registered role of a deliberate pin, else empty) and
 ``cpus`` (the thread's mask as a CPU list); and per process the gauges
 ``cpupin_process_threads`` and ``cpupin_stray_threads`` (threads on a mask
-that is neither the process mask nor a registered pin). ``tid`` is the only
-label of high cardinality. :class:`ProcessesCollector` exports the same
+that is neither the process mask nor a registered pin), ``cpupin_usable_cpus``
+(what its pools may use: :func:`cpupin.pools.usable_cpus`),
+``cpupin_pool_threads`` (labelled ``pool`` and ``verdict``: the census of
+:func:`cpupin.pools.census`), and the counters
+``cpupin_cgroup_throttled_seconds_total`` and
+``cpupin_cgroup_throttled_periods_total`` of its cgroup's quota (absent
+without one). For this process, each :class:`cpupin.StepClock` adds the
+histogram ``cpupin_step_wait_seconds`` (run-queue wait a step, labelled
+``clock``) and the counters ``cpupin_step_seconds_total`` and
+``cpupin_step_throttled_seconds_total``. ``tid`` is the only label of high
+cardinality. :class:`ProcessesCollector` exports the same
 families for many processes at once (``cpupin ps --prometheus``): each
 family once, every process's samples under it, as the exposition format
 requires. ``prometheus_client`` is imported only when a collector is made.
@@ -25,7 +34,10 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ._sysfs import Reader
+from .cgroup import read_cgroup, read_cpu_stat
 from .cpulist import format_cpulist
+from .pools import census
 from .process import process_cpus, thread_masks
 from .registry import Registry, read_registry
 from .sampling import process_mask_of
@@ -51,7 +63,11 @@ def _collect(
     """The four families, each once, with the samples of every process in
     ``pids`` (``None``: this one): one that has exited is left out with
     ``skip_gone``, else raises ``ProcessLookupError``."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
 
     cpu = CounterMetricFamily(
         "cpupin_thread_cpu_seconds", "CPU time of a thread (schedstat)", labels=_LABELS
@@ -66,6 +82,39 @@ def _collect(
         "cpupin_stray_threads",
         "Threads on a mask that is neither the process mask nor a registered pin",
         labels=["pid"],
+    )
+    usable = GaugeMetricFamily(
+        "cpupin_usable_cpus",
+        "CPUs the process's pools may use: mask and cpuset, under the quota, less pinned CPUs",
+        labels=["pid"],
+    )
+    pool = GaugeMetricFamily(
+        "cpupin_pool_threads",
+        "Threads of a pool (threads of one name, or a library's configured pool)",
+        labels=["pid", "pool", "kind", "verdict"],
+    )
+    throttled = CounterMetricFamily(
+        "cpupin_cgroup_throttled_seconds",
+        "Time the process's cgroup was held back by its CPU quota (cpu.stat)",
+        labels=["pid"],
+    )
+    periods = CounterMetricFamily(
+        "cpupin_cgroup_throttled_periods",
+        "Quota periods in which the process's cgroup ran out of quota (cpu.stat)",
+        labels=["pid"],
+    )
+    step_wait = HistogramMetricFamily(
+        "cpupin_step_wait_seconds",
+        "Run-queue wait of the step thread during each step (cpupin.StepClock)",
+        labels=["pid", "clock"],
+    )
+    step_wall = CounterMetricFamily(
+        "cpupin_step_seconds", "Wall time of the steps (cpupin.StepClock)", labels=["pid", "clock"]
+    )
+    step_throttled = CounterMetricFamily(
+        "cpupin_step_throttled_seconds",
+        "Time the cgroup was throttled during steps (cpupin.StepClock)",
+        labels=["pid", "clock"],
     )
     for target in pids:
         own = target is None or target == os.getpid()
@@ -82,6 +131,10 @@ def _collect(
             roles = {p.tid: (p.role, p.cpus) for p in found.pins_of(target or 0)}
             mask, _ = process_mask_of(target or 0, [m for _, m in threads])
         pid = str(os.getpid() if target is None else target)
+        _pools(target, threads, roles, pid, usable, pool)
+        _throttling(target, pid, throttled, periods)
+        if own:
+            _steps(pid, step_wait, step_wall, step_throttled)
         stray = 0
         for st, cpus in threads:
             role, pinned = roles.get(st.tid, ("", frozenset()))
@@ -98,7 +151,44 @@ def _collect(
             wait.add_metric(values, st.wait_ns / 1e9)
         count.add_metric([pid], len(threads))
         strays.add_metric([pid], stray)
-    yield from (cpu, wait, count, strays)
+    yield from (cpu, wait, count, strays, usable, pool, throttled, periods)
+    yield from (step_wait, step_wall, step_throttled)
+
+
+def _pools(
+    target: int | None,
+    threads: list[Any],
+    roles: dict[int, tuple[str, frozenset[int]]],
+    pid: str,
+    usable: Any,
+    pool: Any,
+) -> None:
+    try:
+        found = census(target, threads=threads, pins={t: c for t, (_, c) in roles.items()})
+    except (OSError, ValueError):
+        return  # exited meanwhile
+    usable.add_metric([pid], found.usable_cpus)
+    for p in found.pools:
+        pool.add_metric([pid, p.name, p.kind, p.verdict], p.threads)
+
+
+def _throttling(target: int | None, pid: str, throttled: Any, periods: Any) -> None:
+    proc = "self" if target is None or target == os.getpid() else str(target)
+    with Reader("/") as r:
+        stat = read_cpu_stat(r, read_cgroup(r, proc)[1])
+    if stat is not None:
+        throttled.add_metric([pid], stat.throttled_ns / 1e9)
+        periods.add_metric([pid], stat.throttled_periods)
+
+
+def _steps(pid: str, step_wait: Any, step_wall: Any, step_throttled: Any) -> None:
+    from .stepclock import clocks
+
+    for clock in clocks():
+        buckets, total = clock.histogram()
+        step_wait.add_metric([pid, clock.name], buckets, total)
+        step_wall.add_metric([pid, clock.name], clock.wall_sum_ns / 1e9)
+        step_throttled.add_metric([pid, clock.name], clock.throttled_sum_ns / 1e9)
 
 
 class ThreadCollector:

@@ -21,7 +21,16 @@ from .errors import excerpt
 
 log = logging.getLogger("cpupin")
 
-__all__ = ["ENV_PROCESS_CPUS", "process_cpus", "set_process_cpus", "start_time", "thread_masks"]
+__all__ = [
+    "ENV_PROCESS_CPUS",
+    "environ_of",
+    "process_cpus",
+    "process_mask_of",
+    "registry_of",
+    "set_process_cpus",
+    "start_time",
+    "thread_masks",
+]
 
 _lock = threading.Lock()
 
@@ -128,3 +137,54 @@ def thread_masks(
         except ProcessLookupError:
             continue
     return out
+
+
+_ENVIRON_LIMIT = 4 << 20
+
+
+def environ_of(pid: int, name: str) -> str | None:
+    """One variable of another process's environment as it started
+    (``/proc/<pid>/environ``, bounded: an environment is at most a quarter
+    of the stack limit, 2 MiB by default; past this it counts as unset)."""
+    key = name.encode() + b"="
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read(_ENVIRON_LIMIT).split(b"\0"):
+                if item.startswith(key):
+                    return item[len(key) :].decode("utf-8", "replace")
+    except OSError:
+        pass
+    return None
+
+
+def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[int], str]:
+    """Another process's mask: its ``CPUPIN_PROCESS_CPUS`` when set, else
+    the widest mask among its threads; and where it came from."""
+    text = environ_of(pid, ENV_PROCESS_CPUS)
+    if text is not None:
+        try:
+            return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
+        except ValueError:
+            pass
+    return max(masks, key=len, default=frozenset()), "the widest mask among its threads"
+
+
+def registry_of(pid: int, lock_dirs: list[str] | None) -> registry.Registry:
+    """The registry that knows ``pid``: the first of the candidate lock
+    directories with a live record of it (else the first one read)."""
+    if lock_dirs is None:
+        theirs = environ_of(pid, registry.ENV_LOCK_DIR)
+        if theirs and not os.path.isabs(theirs):
+            try:  # relative to where it started: its working directory, best known now
+                theirs = os.path.join(os.readlink(f"/proc/{pid}/cwd"), theirs)
+            except OSError:
+                theirs = None
+        lock_dirs = [theirs or registry.lock_dir(), registry.lock_dir(), "/tmp"]
+    first = None
+    for where in dict.fromkeys(lock_dirs):
+        found = registry.read_registry(where)
+        if found.knows(pid):
+            return found
+        first = first or found
+    assert first is not None
+    return first

@@ -15,9 +15,16 @@ import time
 from dataclasses import dataclass
 
 from . import _native
-from .cpulist import format_cpulist, parse_cpulist
-from .process import ENV_PROCESS_CPUS, process_cpus, start_time, thread_masks
-from .registry import ENV_LOCK_DIR, Record, Registry, lock_dir, read_registry
+from .cgroup import ThrottleProbe, Throttling
+from .cpulist import format_cpulist
+from .process import (
+    process_cpus,
+    process_mask_of,
+    registry_of,
+    start_time,
+    thread_masks,
+)
+from .registry import Record, Registry
 from .threads import pinned_threads
 
 __all__ = [
@@ -31,7 +38,19 @@ __all__ = [
 ]
 
 
-_ENVIRON_LIMIT = 4 << 20
+#: A thread that waits this many ms a second (1%) for a CPU is stalled.
+STALL_MS_PER_S = 10.0
+
+
+def stall_of(wait_ms_per_s: float, throttling: Throttling | None) -> str | None:
+    """``quota``, ``contention`` or ``None``: see :attr:`ThreadSample.stall`.
+    Throttled time is also run-queue wait to the kernel, so the wait alone
+    cannot tell them apart; the cgroup's counters can."""
+    if wait_ms_per_s < STALL_MS_PER_S:
+        return None
+    if throttling is not None and throttling.throttled_periods:
+        return "quota"
+    return "contention"
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,10 @@ class ThreadSample:
     """``process mask``, ``pinned`` (a registered pin), ``stray`` (neither,
     in this process) or ``narrower`` (another process's thread on a narrower
     mask: from outside, a pin and a stray look the same)."""
+    stall: str | None = None
+    """For a thread that waited at least :data:`STALL_MS_PER_S`: ``quota``
+    when the process's cgroup was throttled by its quota in the interval,
+    else ``contention`` (other threads held the CPUs); ``None`` otherwise."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -59,34 +82,8 @@ class ThreadSample:
             "mask": sorted(self.mask),
             "mask_list": format_cpulist(self.mask),
             "state": self.state,
+            "stall": self.stall,
         }
-
-
-def environ_of(pid: int, name: str) -> str | None:
-    """One variable of another process's environment as it started
-    (``/proc/<pid>/environ``, bounded: an environment is at most a quarter
-    of the stack limit, 2 MiB by default; past this it counts as unset)."""
-    key = name.encode() + b"="
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read(_ENVIRON_LIMIT).split(b"\0"):
-                if item.startswith(key):
-                    return item[len(key) :].decode("utf-8", "replace")
-    except OSError:
-        pass
-    return None
-
-
-def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[int], str]:
-    """Another process's mask: its ``CPUPIN_PROCESS_CPUS`` when set, else
-    the widest mask among its threads; and where it came from."""
-    text = environ_of(pid, ENV_PROCESS_CPUS)
-    if text is not None:
-        try:
-            return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
-        except ValueError:
-            pass
-    return max(masks, key=len, default=frozenset()), "the widest mask among its threads"
 
 
 class Sampler:
@@ -97,9 +94,12 @@ class Sampler:
     second of the block. :func:`sample_threads` is the same over a sleep.
     """
 
-    def __init__(self, pid: int | None = None) -> None:
+    def __init__(self, pid: int | None = None, *, root: str = "/") -> None:
         self.pid = None if pid is None else _native.as_pid(pid)
         self.samples: list[ThreadSample] = []
+        self.throttling: Throttling | None = None
+        """The cgroup's throttling and CPU pressure over the last interval."""
+        self._probe = ThrottleProbe(None if self.pid == os.getpid() else self.pid, root)
         self._first: dict[int, _native.ThreadStat] = {}
         self._start = 0
         self._started: int | None = None
@@ -127,6 +127,7 @@ class Sampler:
     def start(self) -> Sampler:
         self._same_process()
         self._first = {st.tid: st for st in _native.thread_stats(self.pid)}
+        self._probe.start()
         self._start = time.monotonic_ns()
         return self
 
@@ -140,6 +141,7 @@ class Sampler:
         if not threads:
             raise ProcessLookupError(errno.ESRCH, f"pid {pid} exited; sampling stopped")
         wall_ms = max(time.monotonic_ns() - self._start, 1) / 1e6
+        self.throttling = throttling = self._probe.stop()
         own = pid is None or pid == os.getpid()
         masks = {st.tid: cpus for st, cpus in threads}
         if own:
@@ -158,15 +160,17 @@ class Sampler:
                 state = "pinned" if pins.get(st.tid) == cpus else "stray"
             else:
                 state = "narrower"
+            wait = (st.wait_ns - before.wait_ns) / 1e6 / wall_ms * 1000
             out.append(
                 ThreadSample(
                     st.tid,
                     st.name,
                     (st.run_ns - before.run_ns) / 1e6 / wall_ms * 1000,
-                    (st.wait_ns - before.wait_ns) / 1e6 / wall_ms * 1000,
+                    wait,
                     st.last_cpu,
                     cpus,
                     state,
+                    stall_of(wait, throttling),
                 )
             )
         self.samples = sorted(out, key=lambda s: -s.cpu_ms_per_s)
@@ -262,36 +266,17 @@ def audit(pid: int, registry: Registry | None = None, lock_dirs: list[str] | Non
     for st, cpus in threads:
         groups.setdefault(cpus, []).append((st.tid, st.name))
     ordered = dict(sorted(groups.items(), key=lambda kv: (-len(kv[0]), sorted(kv[0]))))
-    found = registry if registry is not None else _registry_of(pid, lock_dirs)
+    found = registry if registry is not None else registry_of(pid, lock_dirs)
     pins = {p.tid: p.cpus for p in found.pins_of(pid)}
     deliberate = frozenset(st.tid for st, cpus in threads if pins.get(st.tid) == cpus)
     return Audit(pid, mask, source, ordered, found.knows(pid), deliberate)
 
 
-def _registry_of(pid: int, lock_dirs: list[str] | None) -> Registry:
-    """The registry that knows ``pid``: the first of the candidate lock
-    directories with a live record of it (else the first one read)."""
-    if lock_dirs is None:
-        theirs = environ_of(pid, ENV_LOCK_DIR)
-        if theirs and not os.path.isabs(theirs):
-            try:  # relative to where it started: its working directory, best known now
-                theirs = os.path.join(os.readlink(f"/proc/{pid}/cwd"), theirs)
-            except OSError:
-                theirs = None
-        lock_dirs = [theirs or lock_dir(), lock_dir(), "/tmp"]
-    first = None
-    for where in dict.fromkeys(lock_dirs):
-        found = read_registry(where)
-        if found.knows(pid):
-            return found
-        first = first or found
-    assert first is not None
-    return first
-
-
-def _sample(processes: list[Record], interval: float) -> dict[int, list[ThreadSample] | str]:
-    """Each live process sampled over the same interval; a reason for one
-    that exited meanwhile."""
+def _sample(
+    processes: list[Record], interval: float
+) -> dict[int, tuple[list[ThreadSample], Throttling | None] | str]:
+    """Each live process sampled over the same interval, with its cgroup's
+    throttling; a reason for one that exited meanwhile."""
     samplers: dict[int, Sampler | str] = {}
     for record in processes:
         try:
@@ -299,13 +284,13 @@ def _sample(processes: list[Record], interval: float) -> dict[int, list[ThreadSa
         except (OSError, ValueError) as exc:
             samplers[record.pid] = str(exc)
     time.sleep(interval)
-    out: dict[int, list[ThreadSample] | str] = {}
+    out: dict[int, tuple[list[ThreadSample], Throttling | None] | str] = {}
     for pid, sampler in samplers.items():
         if isinstance(sampler, str):
             out[pid] = sampler
             continue
         try:
-            out[pid] = sampler.stop()
+            out[pid] = (sampler.stop(), sampler.throttling)
         except (OSError, ValueError) as exc:
             out[pid] = str(exc)
     return out
@@ -321,9 +306,15 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
     processes = []
     for record in (r for r in registry.records if r.kind == "process"):
         entry = record.as_dict()
-        entry.update(threads=[], interlopers=[], sample_error=None)
-        got = samples.get(record.pid)
-        if record.live and isinstance(got, list):
+        entry.update(
+            threads=[], interlopers=[], sample_error=None, usable_cpus=None, throttling=None
+        )
+        entry["pools"] = []
+        result = samples.get(record.pid)
+        if record.live and isinstance(result, tuple):
+            got, throttling = result
+            entry["throttling"] = throttling.as_dict() if throttling else None
+            entry.update(_pools_of(record.pid, registry))
             by_tid = {s.tid: s for s in got}
             pinned = {p.tid: p for p in record.pins}
             threads = []
@@ -340,6 +331,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
                         "on_its_pin": s is not None and s.mask == pin.cpus,
                         "cpu_ms_per_s": round(s.cpu_ms_per_s, 2) if s else None,
                         "wait_ms_per_s": round(s.wait_ms_per_s, 2) if s else None,
+                        "stall": s.stall if s else None,
                     }
                 )
             cores = frozenset().union(*(p.cpus for p in record.pins))
@@ -355,7 +347,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
             ]
             entry.update(threads=threads, interlopers=interlopers)
         elif record.live:
-            entry["sample_error"] = got
+            entry["sample_error"] = result
         processes.append(entry)
     return {
         "lock_dir": registry.directory,
@@ -369,3 +361,16 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
         "ignored": [{"path": path, "reason": reason} for path, reason in registry.ignored],
         "not_listed": registry.not_listed,
     }
+
+
+def _pools_of(pid: int, registry: Registry) -> dict[str, object]:
+    """A process's usable CPUs and its census of pools, seen from outside;
+    nothing when it exits meanwhile."""
+    from .pools import census
+
+    try:
+        pins = {p.tid: p.cpus for p in registry.pins_of(pid)}
+        found = census(pid, pins=pins)
+    except (OSError, ValueError):
+        return {}
+    return {"usable_cpus": found.usable_cpus, "pools": [p.as_dict() for p in found.pools]}

@@ -138,14 +138,22 @@ class ServerPlan:
         meet, OpenMP's own affinity, another server holding a GPU)."""
         return self.placement.setting == "auto" and not self.placement.pinned
 
-    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    def child_env(
+        self, base: Mapping[str, str] | None = None, *, pools: bool = True
+    ) -> dict[str, str]:
         """The environment for a process this server spawns: :func:`child_env`
         of ``base``, with ``CPUPIN_STEP_THREAD_CORE=off`` when this server
         stood aside, so that the workers of a refused server pin nothing
-        either."""
+        either, and (``pools=True``) the pool variables capped to the CPUs
+        the plan leaves (:func:`cpupin.pools.pool_env`: a value the user set
+        is kept)."""
         env = child_env(base)
         if self.stood_aside:
             env[ENV_SETTING] = "off"
+        if pools:
+            from .pools import pool_env
+
+            env = pool_env(self.cpu_plan, env)[0]
         return env
 
     def as_dict(self) -> dict[str, object]:
@@ -153,6 +161,7 @@ class ServerPlan:
             "placement": self.placement.as_dict(),
             "claim": None if self.claim is None else self.claim.reason,
             "pool_size": self.cpu_plan.pool_size(),
+            "usable_cpus": self.cpu_plan.usable_cpus,
         }
 
 

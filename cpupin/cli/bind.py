@@ -9,7 +9,9 @@ import sys
 
 from cpupin.binding import bind_process, decide_binding, read_mems_allowed
 from cpupin.cpulist import format_cpulist
+from cpupin.cpuplan import CpuPlan
 from cpupin.errors import excerpt
+from cpupin.pools import cpu_plan, pool_env
 from cpupin.process import ENV_PROCESS_CPUS, process_cpus
 from cpupin.server import resolve_devices
 
@@ -45,6 +47,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=("preferred", "bind", "none"),
         default="preferred",
         help="the memory policy (preferred: the default)",
+    )
+    cmd.add_argument(
+        "--no-pools",
+        action="store_true",
+        help="leave the pool variables alone (by default OMP_NUM_THREADS, PYTHON_CPU_COUNT and "
+        "the others are set to the CPUs the command can use, unless already set)",
     )
     cmd.add_argument("--dry-run", action="store_true", help="print the binding; run nothing")
     cmd.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
@@ -99,8 +107,13 @@ def run(args: argparse.Namespace) -> int:
             memory=args.memory,
             mems_allowed=None if elsewhere else read_mems_allowed("/"),
         )
+        pools = None
+        if not args.no_pools:
+            pools = pool_env(CpuPlan.for_host(host, binding.cpus), os.environ)[1]
         if args.json:
-            _args.print_json({**binding.as_dict(), "argv": argv})
+            _args.print_json(
+                {**binding.as_dict(), "pools": pools and pools.as_dict(), "argv": argv}
+            )
             return 0
         print(f"device {binding.device or '-'}, node {_or_none(binding.node)}")
         print(f"cpus   {format_cpulist(binding.cpus)} ({len(binding.cpus)} CPUs)")
@@ -112,12 +125,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"memory {memory}")
         if binding.reason:
             print(f"reason {binding.reason}")
+        print(f"pools  {pools if pools else 'left alone (--no-pools)'}")
         print(f"argv   {' '.join(argv)}  (a dry run: nothing applied, nothing run)")
         return 0
     binding = bind_process(device, node=args.node, cpus=args.cpus, memory=args.memory)
     if binding.reason:
         print(f"cpupin exec: {binding.reason}", file=sys.stderr)
     env = {**os.environ, ENV_PROCESS_CPUS: format_cpulist(process_cpus())}
+    if not args.no_pools:
+        env, limits = pool_env(cpu_plan(pinned=()), env)
+        for name, why in limits.kept.items():
+            if "oversubscribed" in why:
+                print(f"cpupin exec: {name} {why}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     # Python ignores SIGPIPE and SIGXFSZ for itself; exec keeps an ignored

@@ -6,7 +6,9 @@ import argparse
 
 from cpupin.binding import memory_binding_check
 from cpupin.cpulist import format_cpulist
+from cpupin.cpuplan import CpuPlan
 from cpupin.doctor import diagnose, measure_host
+from cpupin.pools import cpu_plan, environment_advice
 from cpupin.process import process_cpus
 from cpupin.topology import Host, read_host
 
@@ -35,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
         handoffs = measure_host(local, process_cpus() & local.cpus)
         measured_on = "this machine" if here else f"this machine, not {args.host or args.root}"
     diagnosis = diagnose(host, handoffs, measured_on)
+    plan = cpu_plan() if here else CpuPlan.for_host(host, mask)
+    problems, advice = environment_advice(plan, len(host.cpus))
+    pools = {"usable_cpus": plan.usable_cpus, "problems": problems, "set": advice}
     memory_ok: bool | None = None
     memory_why = "binding not checked (not this machine)"
     if here:
@@ -51,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
                 "quota": facts["quota"],
                 **diagnosis.as_dict(),
                 "memory_binding": {"possible": memory_ok, "why": memory_why},
+                "pools": pools,
             }
         )
         return 0
@@ -75,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"memory   {memory_why}")
     else:
         print(f"memory   binding {'possible' if memory_ok else 'not possible'}: {memory_why}")
+    _print_pools(plan.usable_cpus, problems, advice)
     if diagnosis.handoff:
         print(f"handoff  one way, median (p99), measured on {measured_on}:")
         for kind, r in diagnosis.handoff.items():
@@ -103,3 +110,18 @@ def _nodes(host: Host) -> str:
     if total == with_cpus:
         return f"{total} node(s)"
     return f"{total} node(s) ({with_cpus} with CPUs)"
+
+
+def _print_pools(usable: int, problems: list[str], advice: dict[str, int]) -> None:
+    """The pools' verdict for a process started from this environment."""
+    if not problems:
+        print(f"pools    {usable} usable CPU(s); the pool variables of this environment fit")
+        return
+    print(f"pools    {usable} usable CPU(s); {problems[0]}")
+    for line in problems[1:]:
+        print(f"         {line}")
+    print(
+        "         set "
+        + " ".join(f"{k}={v}" for k, v in advice.items())
+        + ", or call cpupin.limit_pools() at start-up, or start under cpupin exec"
+    )

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from cpupin.cpulist import format_cpulist
+from cpupin.cpuplan import CpuPlan
 from cpupin.errors import PlanError, excerpt
 from cpupin.placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
 from cpupin.server import OPENMP_AFFINITY_VARS, resolve_devices
@@ -117,10 +118,10 @@ def run(args: argparse.Namespace) -> int:
             "setting": str(setting),
             "mask": sorted(allowed),
             "mask_list": format_cpulist(allowed),
-            "servers": _servers(placements),
+            "servers": _servers(host, allowed, placements),
         }
         if autos is not None:
-            data["with_auto"] = {"setting": "auto", "servers": _servers(autos)}
+            data["with_auto"] = {"setting": "auto", "servers": _servers(host, allowed, autos)}
         _args.print_json(data)
         return 0
     print(
@@ -134,8 +135,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _servers(placements: list[Placement]) -> list[dict[str, object]]:
-    return [{k: v for k, v in p.as_dict().items() if k != "setting"} for p in placements]
+def _usable(host: Host, allowed: frozenset[int], p: Placement) -> int:
+    """The CPUs a server's pools may use: the mask under the host's quota,
+    less what the placement pins."""
+    return CpuPlan.for_host(host, allowed, p.cpus).usable_cpus
+
+
+def _servers(
+    host: Host, allowed: frozenset[int], placements: list[Placement]
+) -> list[dict[str, object]]:
+    return [
+        {
+            **{k: v for k, v in p.as_dict().items() if k != "setting"},
+            "usable_cpus": _usable(host, allowed, p),
+        }
+        for p in placements
+    ]
 
 
 def _draw(host: Host, allowed: frozenset[int], placements: list[Placement]) -> None:
@@ -143,11 +158,12 @@ def _draw(host: Host, allowed: frozenset[int], placements: list[Placement]) -> N
     owner: dict[int, str] = {}
     for i, p in enumerate(placements):
         letter = letters[i % 26]
+        pools = f"; pools: {_usable(host, allowed, p)} usable CPU(s)"
         if p.pinned:
             steps = "; ".join(f"{w.device} on {format_cpulist(w.cpus)}" for w in p.workers)
-            print(f"  {letter}  step {steps}; result on {p.result_cpu}")
+            print(f"  {letter}  step {steps}; result on {p.result_cpu}{pools}")
         else:
-            print(f"  {letter}  {', '.join(p.devices)}: pins nothing: {p.reason}")
+            print(f"  {letter}  {', '.join(p.devices)}: pins nothing: {p.reason}{pools}")
         for w in p.workers:
             for cpu in w.cpus:
                 owner[cpu] = letter if cpu not in owner else "*"

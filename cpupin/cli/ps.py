@@ -12,6 +12,7 @@ from cpupin.registry import Registry, lock_dir, prune, read_registry
 from cpupin.sampling import host_view
 
 from . import _args
+from ._pools import pool_lines, throttle_text
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,6 +87,8 @@ def _text(data: dict[str, object]) -> None:
             cpu = f"{t['cpu_ms_per_s']:.1f}" if t["cpu_ms_per_s"] is not None else "gone"
             wait = f"{t['wait_ms_per_s']:.1f}" if t["wait_ms_per_s"] is not None else "-"
             off = "" if t["on_its_pin"] or not t["alive"] else "  (moved off its pin)"
+            if t.get("stall"):
+                off += f"  stalled: {t['stall']}"
             print(
                 f"{'':8} {p['pid']:>8}  {t['tid']:>8} {printable(t['name'], 16):16} "
                 f"{printable(t['role'], 8):8} "
@@ -96,6 +99,13 @@ def _text(data: dict[str, object]) -> None:
                 f"{'':8} {p['pid']:>8}  {t['tid']:>8} {printable(t['name'], 16):16} {'-':8} "
                 f"{t['mask_list'][:12]:12}  an interloper: on a pinned CPU, not registered"
             )
+        if p.get("usable_cpus") is not None:
+            print(
+                f"{'':8} {p['pid']:>8}  usable CPUs {p['usable_cpus']}; "
+                f"{throttle_text(p.get('throttling'))}; pools:"
+            )
+            for line in pool_lines(p.get("pools", []), " " * 19):
+                print(line)
     for r in [*servers, *processes]:
         if not r["live"]:
             print(f"stale    {printable(r['path'], 160)}: {printable(r['stale_because'], 160)}")

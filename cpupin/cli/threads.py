@@ -7,10 +7,12 @@ import os
 
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
+from cpupin.pools import census
 from cpupin.process import process_cpus, thread_masks
 from cpupin.sampling import audit, process_mask_of
 
 from . import _args
+from ._pools import pool_lines
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,6 +53,7 @@ def run_threads(args: argparse.Namespace) -> int:
     else:
         pid = args.pid
         mask, source = process_mask_of(pid, [m for _, m in threads])
+    pools = census(args.pid)
     if args.json:
         _args.print_json(
             {
@@ -62,6 +65,8 @@ def run_threads(args: argparse.Namespace) -> int:
                     {**st._asdict(), "mask": sorted(m), "mask_list": format_cpulist(m)}
                     for st, m in threads
                 ],
+                "usable_cpus": pools.usable_cpus,
+                "pools": [p.as_dict() for p in pools.pools],
             }
         )
         return 0
@@ -76,6 +81,15 @@ def run_threads(args: argparse.Namespace) -> int:
             f"{st.tid:>8} {printable(st.name, 16):16} {st.run_ns / 1e6:>10.1f} "
             f"{st.wait_ns / 1e6:>10.1f} {cpu!s:>4}  {format_cpulist(m)}"
         )
+    quota = pools.plan.quota
+    print(
+        f"pools: {pools.usable_cpus} usable CPU(s) (mask {format_cpulist(pools.plan.mask)}"
+        + (f", quota {quota.quota_us / quota.period_us:g} CPUs" if quota else "")
+        + (f", {format_cpulist(pools.plan.pinned)} pinned" if pools.plan.pinned else "")
+        + ")"
+    )
+    for line in pool_lines([p.as_dict() for p in pools.pools]):
+        print(line)
     return 0
 
 

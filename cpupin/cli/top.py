@@ -16,6 +16,7 @@ from cpupin.sampling import Sampler
 from cpupin.threads import Thread
 
 from . import _args
+from ._pools import throttle_text
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,7 +70,13 @@ def _samples(
         time.sleep(args.interval)
         samples = sampler.stop()
         if args.json or args.json_lines:
-            sample = {"time": round(time.time(), 3), "threads": [s.as_dict() for s in samples]}
+            throttling = sampler.throttling.as_dict() if sampler.throttling else None
+            sample = {
+                "time": round(time.time(), 3),
+                "throttled_ms_per_s": throttling and throttling["throttled_ms_per_s"],
+                "throttling": throttling,
+                "threads": [s.as_dict() for s in samples],
+            }
             if args.json:
                 document.append(sample)
             else:
@@ -81,7 +88,8 @@ def _samples(
             print()
         print(
             time.strftime("%H:%M:%S"),
-            f"pid {args.pid or os.getpid()}, {len(samples)} threads, over {args.interval:g} s",
+            f"pid {args.pid or os.getpid()}, {len(samples)} threads, over {args.interval:g} s; "
+            + throttle_text(sampler.throttling.as_dict() if sampler.throttling else None),
         )
         print(
             f"{'tid':>8} {'name':16} {'cpu ms/s':>9} {'wait ms/s':>10} {'cpu':>4}  "
@@ -92,7 +100,7 @@ def _samples(
                 f"{s.tid:>8} {printable(s.name, 16):16} {s.cpu_ms_per_s:>9.1f} "
                 f"{s.wait_ms_per_s:>10.1f} "
                 f"{s.last_cpu if s.last_cpu is not None else '?':>4}  "
-                f"{_short(s.mask):14} {s.state}"
+                f"{_short(s.mask):14} {s.state}" + (f", stalled: {s.stall}" if s.stall else "")
             )
         sys.stdout.flush()
 

@@ -1,0 +1,528 @@
+"""Thread pools sized to the CPUs a process really has.
+
+A pool sized from the host's CPU count inside a cgroup quota or a narrow
+cpuset runs more threads than the process can keep busy: they queue behind
+one another and, under a quota, exhaust it early in each period and all wait
+for the next. This module gives the one number that matters
+(:func:`usable_cpus`), caps the pools to it (:func:`limit_pools` in process,
+:func:`pool_env` for children), and counts the pools a process runs
+(:func:`census`), with a verdict for each.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+
+from ._native import ThreadStat
+from ._sysfs import Reader
+from .cgroup import read_cgroup
+from .cpulist import format_cpulist
+from .cpuplan import CpuPlan
+from .process import process_cpus, process_mask_of, registry_of, thread_masks
+
+__all__ = [
+    "ENV_POOL_VARS",
+    "POOL_VARS",
+    "Census",
+    "Pool",
+    "PoolLimits",
+    "census",
+    "cpu_plan",
+    "limit_pools",
+    "pool_env",
+    "usable_cpus",
+]
+
+#: The variables that size the pools of the libraries a serving runtime
+#: loads, and the share of :data:`cpupin.cpuplan.POOLS` each follows.
+#: ``PYTHON_CPU_COUNT`` (Python 3.13+) is what ``os.cpu_count()`` and
+#: ``os.process_cpu_count()`` return in the child: every pool that sizes itself
+#: from them follows. ``RAYON_NUM_THREADS`` sizes the tokenizers' pool, which
+#: runs beside decoding: the ``encode`` share.
+POOL_VARS: dict[str, str] = {
+    "OMP_NUM_THREADS": "intra_op",
+    "MKL_NUM_THREADS": "intra_op",
+    "OPENBLAS_NUM_THREADS": "intra_op",
+    "BLIS_NUM_THREADS": "intra_op",
+    "NUMEXPR_NUM_THREADS": "intra_op",
+    "RAYON_NUM_THREADS": "encode",
+    "TORCHINDUCTOR_COMPILE_THREADS": "intra_op",
+    "PYTHON_CPU_COUNT": "usable",
+}
+
+#: Which of :data:`POOL_VARS` cpupin itself set, comma-separated: those a
+#: later :func:`limit_pools` or :func:`pool_env` may lower again; any other
+#: value of them is the user's and is kept.
+ENV_POOL_VARS = "CPUPIN_POOL_VARS"
+
+#: The value a threadpoolctl library's variable has (user_api/internal_api
+#: to the variable whose explicit setting it obeys).
+_LIBRARY_VARS = {
+    "openmp": "OMP_NUM_THREADS",
+    "mkl": "MKL_NUM_THREADS",
+    "openblas": "OPENBLAS_NUM_THREADS",
+    "blis": "BLIS_NUM_THREADS",
+}
+
+
+# --- the one number --------------------------------------------------------
+
+
+def cpu_plan(
+    pid: int | None = None,
+    *,
+    root: str = "/",
+    mask: Iterable[int] | None = None,
+    pinned: Iterable[int] | None = None,
+) -> CpuPlan:
+    """The :class:`~cpupin.CpuPlan` of a process (``None``: this one): its
+    affinity mask ∩ its cgroup's cpuset ∩ the online CPUs, the strictest
+    quota of its cgroup and ancestors (v1 and v2), and the CPUs pinned for
+    its step and result threads (its registered pins; for another process,
+    its record in the lock directory).
+
+    ``mask`` and ``pinned`` replace what would be read (a plan for a tree
+    under ``root``); the cgroup and the online CPUs are read under ``root``.
+    """
+    own = pid is None or pid == os.getpid()
+    proc = "self" if own else str(pid)
+    with Reader(root) as r:
+        cpuset, quota = read_cgroup(r, proc)
+        online = r.cpus("sys/devices/system/cpu/online")
+    if mask is None:
+        if own:
+            mask = process_cpus()
+        else:
+            mask = process_mask_of(pid or 0, [m for _, m in thread_masks(pid)])[0]
+    allowed = frozenset(mask)
+    if online:
+        allowed &= online
+    if cpuset:
+        allowed = allowed & cpuset or allowed
+    if pinned is None:
+        pinned = _pinned_of(None if own else pid)
+    return CpuPlan(allowed, quota, frozenset(pinned) & allowed)
+
+
+def _pinned_of(pid: int | None) -> frozenset[int]:
+    if pid is None:
+        from .threads import pinned_threads
+
+        return frozenset().union(*pinned_threads().values())
+    return frozenset().union(*(p.cpus for p in registry_of(pid, None).pins_of(pid)))
+
+
+def usable_cpus(pid: int | None = None, *, root: str = "/") -> int:
+    """The CPUs a process (``None``: this one) can keep busy: see
+    :func:`cpu_plan`, whose :attr:`~cpupin.CpuPlan.usable_cpus` this is."""
+    return cpu_plan(pid, root=root).usable_cpus
+
+
+# --- capping ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """What :func:`limit_pools` or :func:`pool_env` did."""
+
+    usable_cpus: int
+    set: dict[str, int] = field(default_factory=dict)
+    """Pool or variable to the size it now has."""
+    kept: dict[str, str] = field(default_factory=dict)
+    """Pool or variable left alone, to why."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"usable_cpus": self.usable_cpus, "set": self.set, "kept": self.kept}
+
+    def __str__(self) -> str:
+        parts = [f"usable CPUs {self.usable_cpus}"]
+        if self.set:
+            parts.append("set " + ", ".join(f"{k}={v}" for k, v in self.set.items()))
+        if self.kept:
+            parts.append("kept " + "; ".join(f"{k}: {v}" for k, v in self.kept.items()))
+        return "; ".join(parts)
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
+def _size(plan: CpuPlan, share: str) -> int:
+    return plan.usable_cpus if share == "usable" else plan.pool_size(share)
+
+
+def _ours(env: Mapping[str, str]) -> set[str]:
+    return {v for v in env.get(ENV_POOL_VARS, "").split(",") if v in POOL_VARS}
+
+
+def _user_value(env: Mapping[str, str], name: str) -> str | None:
+    """The user's explicit value of ``name``, or ``None`` (unset, or set by cpupin)."""
+    value = env.get(name)
+    if value is None or name in _ours(env):
+        return None
+    return value
+
+
+def _explain(name: str, value: str, size: int) -> str:
+    text = value.strip()
+    if text.isascii() and text.isdigit() and int(text) > size:
+        return (
+            f"set to {text} by the user, more than the {size} the CPUs allow: kept, "
+            f"but the pool is oversubscribed; lower it or unset it"
+        )
+    return f"set to {value[:32]!r} by the user: kept"
+
+
+def pool_env(
+    plan: CpuPlan | None = None, base: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], PoolLimits]:
+    """A copy of ``base`` (default ``os.environ``) whose pool variables
+    (:data:`POOL_VARS`) follow ``plan`` (default: :func:`cpu_plan` of this
+    process), and what was set and kept. A variable the user set is kept,
+    never raised or lowered; one cpupin set before (``CPUPIN_POOL_VARS``,
+    say a parent's plan, which knew its pinned CPUs) is lowered, never
+    raised."""
+    plan = plan or cpu_plan()
+    env = dict(os.environ if base is None else base)
+    ours = _ours(env)
+    limits = PoolLimits(plan.usable_cpus)
+    for name, share in POOL_VARS.items():
+        size = _size(plan, share)
+        user = _user_value(env, name)
+        if user is not None:
+            limits.kept[name] = _explain(name, user, size)
+            continue
+        before = parse_pool_var(env.get(name, "")) if name in ours else None
+        if before is not None and before <= size:
+            # set by cpupin before (a parent that knew its pinned CPUs): not raised
+            limits.kept[name] = f"already {before}, set by cpupin: not raised"
+            continue
+        env[name] = str(size)
+        ours.add(name)
+        limits.set[name] = size
+    env[ENV_POOL_VARS] = ",".join(sorted(ours))
+    return env, limits
+
+
+def limit_pools(
+    plan: CpuPlan | None = None,
+    *,
+    environ: MutableMapping[str, str] | None = None,
+) -> PoolLimits:
+    """Cap this process's pools to its usable CPUs, once at start-up.
+
+    - torch's intra-op pool (``torch.set_num_threads``) and its inter-op pool
+      where it has not started (said where it has), when torch is imported;
+    - every BLAS and OpenMP runtime loaded, through ``threadpoolctl``;
+    - the pool variables of ``environ`` (default ``os.environ``): libraries
+      loaded later, and children, size themselves from them.
+
+    Sizes follow ``plan``'s shares (default: :func:`cpu_plan`). Nothing is
+    ever raised: a pool already smaller, and any variable the user set, are
+    kept, and the result says why.
+    """
+    plan = plan or cpu_plan()
+    env: MutableMapping[str, str] = os.environ if environ is None else environ
+    new_env, limits = pool_env(plan, env)
+    for name in POOL_VARS:
+        if name in limits.set:
+            env[name] = new_env[name]
+    env[ENV_POOL_VARS] = new_env[ENV_POOL_VARS]
+    size = plan.pool_size("intra_op")
+    _limit_torch(env, size, limits)
+    _limit_libraries(env, size, limits)
+    return limits
+
+
+def _limit_torch(env: Mapping[str, str], size: int, limits: PoolLimits) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "get_num_threads"):
+        return  # not imported: it reads OMP_NUM_THREADS when it is
+    if _user_value(env, "OMP_NUM_THREADS") is not None:
+        limits.kept["torch intra-op"] = (
+            f"OMP_NUM_THREADS set by the user: {_threads(torch.get_num_threads())} kept"
+        )
+    else:
+        now = torch.get_num_threads()
+        if now > size:
+            torch.set_num_threads(size)
+            limits.set["torch intra-op"] = size
+        else:
+            limits.kept["torch intra-op"] = f"already {_threads(now)}, not raised"
+    try:
+        now = torch.get_num_interop_threads()
+        if now > size:
+            torch.set_num_interop_threads(size)
+            limits.set["torch inter-op"] = size
+        else:
+            limits.kept["torch inter-op"] = f"already {_threads(now)}, not raised"
+    except RuntimeError:
+        limits.kept["torch inter-op"] = (
+            f"already started with {_threads(torch.get_num_interop_threads())}: torch cannot "
+            "resize it; call limit_pools() before the first parallel operation"
+        )
+
+
+def _limit_libraries(env: Mapping[str, str], size: int, limits: PoolLimits) -> None:
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - a dependency
+        limits.kept["BLAS/OpenMP"] = "threadpoolctl is not installed: pip install threadpoolctl"
+        return
+    for lib in ThreadpoolController().lib_controllers:
+        label = f"{lib.internal_api} ({os.path.basename(lib.filepath)})"
+        var = _LIBRARY_VARS.get(lib.internal_api) or _LIBRARY_VARS.get(lib.user_api, "")
+        now = lib.num_threads
+        if var and _user_value(env, var) is not None:
+            limits.kept[label] = f"{var} set by the user: {_threads(now)} kept"
+        elif now > size:
+            lib.set_num_threads(size)
+            limits.set[label] = size
+        else:
+            limits.kept[label] = f"already {_threads(now)}, not raised"
+
+
+# --- the census ------------------------------------------------------------
+
+FITS = "fits"
+OVERSUBSCRIBED = "oversubscribed"
+FROM_HOST = "sized from the host"
+
+_TRAILING_NUMBER = re.compile(r"[\s_\-.:#/]*\d+\Z")
+_THREAD_N = re.compile(r"\AThread-\d+")
+
+
+def pool_name(name: str) -> str:
+    """The pool a thread's name puts it in: its name without a trailing
+    number (``ThreadPoolExecutor-0_3`` -> ``ThreadPoolExecutor-0``,
+    ``Thread-7 (worker)`` -> ``Thread (worker)``)."""
+    stem = _THREAD_N.sub("Thread", name)
+    return _TRAILING_NUMBER.sub("", stem) or name
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Threads of one process that form a pool, or a library's configured one."""
+
+    name: str
+    threads: int
+    usable_cpus: int
+    verdict: str
+    """``fits``, ``oversubscribed`` (more threads than usable CPUs) or
+    ``sized from the host`` (as many as the host's or a node's CPUs, or
+    ``os.cpu_count() + 4`` as ThreadPoolExecutor counts, while the process
+    has fewer usable CPUs)."""
+    kind: str = "threads"
+    """``threads``: counted from the threads running; ``configured``: a
+    library's setting (threadpoolctl, torch), whose threads start on use."""
+    tids: tuple[int, ...] = ()
+    stray: int = 0
+    """Threads of the pool on a narrower mask that is not a registered pin:
+    one started from a pinned thread inherited its pin."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "threads": self.threads,
+            "usable_cpus": self.usable_cpus,
+            "verdict": self.verdict,
+            "kind": self.kind,
+            "tids": list(self.tids),
+            "stray": self.stray,
+        }
+
+
+def verdict(threads: int, usable: int, host_sizes: Iterable[int]) -> str:
+    """A pool's verdict: see :attr:`Pool.verdict`."""
+    if threads <= usable:
+        return FITS
+    return FROM_HOST if threads in set(host_sizes) else OVERSUBSCRIBED
+
+
+def host_sizes(host_cpus: int, node_cpus: Iterable[int] = ()) -> frozenset[int]:
+    """The pool sizes that betray a count of the host: its CPUs, each
+    node's, and ThreadPoolExecutor's default ``min(32, CPUs + 4)``."""
+    sizes = {host_cpus, min(32, host_cpus + 4)}
+    sizes.update(n for n in node_cpus if n > 1)
+    return frozenset(sizes)
+
+
+@dataclass(frozen=True)
+class Census:
+    """A process's threads grouped into pools, against its usable CPUs."""
+
+    pid: int
+    usable_cpus: int
+    plan: CpuPlan
+    pools: tuple[Pool, ...]
+
+    @property
+    def bad(self) -> list[Pool]:
+        return [p for p in self.pools if p.verdict != FITS]
+
+    def as_dict(self) -> dict[str, object]:
+        quota = self.plan.quota
+        return {
+            "pid": self.pid,
+            "usable_cpus": self.usable_cpus,
+            "mask": sorted(self.plan.mask),
+            "mask_list": format_cpulist(self.plan.mask),
+            "quota_cpus": None if quota is None else round(quota.quota_us / quota.period_us, 2),
+            "pinned": sorted(self.plan.pinned),
+            "pools": [p.as_dict() for p in self.pools],
+        }
+
+
+def _host_shape(root: str) -> tuple[int, list[int]]:
+    with Reader(root) as r:
+        online = r.cpus("sys/devices/system/cpu/online") or frozenset(range(os.cpu_count() or 1))
+        nodes = []
+        for name in r.listdir("sys/devices/system/node") or []:
+            if name.startswith("node") and name[4:].isdigit():
+                cpus = r.cpus(f"sys/devices/system/node/{name}/cpulist")
+                if cpus:
+                    nodes.append(len(cpus))
+    return len(online), nodes
+
+
+def census(
+    pid: int | None = None,
+    *,
+    root: str = "/",
+    plan: CpuPlan | None = None,
+    threads: list[tuple[ThreadStat, frozenset[int]]] | None = None,
+    pins: Mapping[int, frozenset[int]] | None = None,
+) -> Census:
+    """Group a process's threads (``None``: this one) into pools by name and
+    judge each against its usable CPUs.
+
+    In this process a thread is named by its Python name where it has one (a
+    ``multiprocessing.Queue`` feeder shows as ``QueueFeederThread``), and the
+    pools the loaded libraries configured are listed too (threadpoolctl,
+    torch's intra-op pool). From outside, threads are named as the kernel
+    knows them and the main thread (tid = pid) stands alone. ``plan``,
+    ``threads`` (as :func:`~cpupin.process.thread_masks` gives them) and
+    ``pins`` (tid to its registered pin) replace what would be read.
+    """
+    own = pid is None or pid == os.getpid()
+    target = os.getpid() if own else int(pid or 0)
+    if threads is None:
+        threads = thread_masks(None if own else target)
+    names: dict[int, str] = {}
+    if own:
+        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        from .threads import pinned_threads
+
+        pins = pinned_threads() if pins is None else pins
+        mask = process_cpus()
+    else:
+        if pins is None:
+            pins = {p.tid: p.cpus for p in registry_of(target, None).pins_of(target)}
+        mask = process_mask_of(target, [m for _, m in threads])[0]
+    if plan is None:
+        plan = cpu_plan(target, root=root, mask=mask, pinned=frozenset().union(*pins.values()))
+    usable = plan.usable_cpus
+    n_host, nodes = _host_shape(root)
+    sizes = host_sizes(n_host, nodes)
+    groups: dict[str, list[tuple[int, bool]]] = {}
+    for st, cpus in threads:
+        if st.tid in names:
+            group = pool_name(names[st.tid])
+        elif st.tid == target:
+            group = "main thread"
+        else:
+            group = pool_name(st.name)
+        stray = cpus != mask and pins.get(st.tid) != cpus
+        groups.setdefault(group, []).append((st.tid, stray))
+    pools = [
+        Pool(
+            name,
+            len(members),
+            usable,
+            verdict(len(members), usable, sizes),
+            "threads",
+            tuple(t for t, _ in members),
+            sum(s for _, s in members),
+        )
+        for name, members in groups.items()
+    ]
+    if own:
+        pools.extend(_configured(usable, sizes))
+    pools.sort(key=lambda p: (p.kind != "threads", -p.threads, p.name))
+    return Census(target, usable, plan, tuple(pools))
+
+
+def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:
+    out = []
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        n = torch.get_num_threads()
+        out.append(Pool("torch intra-op", n, usable, verdict(n, usable, sizes), "configured"))
+    if "threadpoolctl" in sys.modules or _any_pool_library():
+        try:
+            from threadpoolctl import threadpool_info
+        except ImportError:  # pragma: no cover - a dependency
+            return out
+        for info in threadpool_info():
+            n = int(info.get("num_threads") or 0)
+            label = f"{info.get('internal_api')} ({os.path.basename(str(info.get('filepath')))})"
+            out.append(Pool(label, n, usable, verdict(n, usable, sizes), "configured"))
+    return out
+
+
+def _any_pool_library() -> bool:
+    """Whether a BLAS or OpenMP library may be loaded: threadpoolctl's scan
+    of the loaded libraries costs milliseconds, so skip it for a process
+    that imported none of the packages that bring one."""
+    return any(m in sys.modules for m in ("numpy", "scipy", "torch", "sklearn", "numexpr"))
+
+
+def parse_pool_var(value: str) -> int | None:
+    """A pool variable's thread count, or ``None`` when it is not one
+    (OpenMP's nested ``4,2`` counts its first level)."""
+    head = value.split(",")[0].strip()
+    return int(head) if head.isascii() and head.isdigit() and 0 < len(head) <= 6 else None
+
+
+def environment_advice(
+    plan: CpuPlan, host_cpus: int, environ: Mapping[str, str] | None = None
+) -> tuple[list[str], dict[str, int]]:
+    """What the pool variables of ``environ`` give a process started under
+    it with ``plan`` on a host of ``host_cpus`` online CPUs: a line for each
+    that leaves a pool larger than the usable CPUs, and the values
+    :func:`pool_env` would set (empty when nothing is wrong).
+
+    Unset, OpenMP sizes its pool from the affinity mask (not the quota, not
+    the pinned CPUs) and Python's ``os.cpu_count()`` counts the host; a
+    value above the usable CPUs oversubscribes whatever reads it.
+    """
+    env = os.environ if environ is None else environ
+    usable = plan.usable_cpus
+    lines: list[str] = []
+    unset_sizes = {"OMP_NUM_THREADS": len(plan.mask), "PYTHON_CPU_COUNT": host_cpus}
+    for name in POOL_VARS:
+        value = env.get(name)
+        if value is None:
+            seen = unset_sizes.get(name)
+            if seen is not None and seen > usable:
+                lines.append(
+                    f"{name} unset: {'OpenMP' if name.startswith('OMP') else 'os.cpu_count()'} "
+                    f"counts {seen} CPUs, but {usable} {'is' if usable == 1 else 'are'} usable"
+                )
+            continue
+        count = parse_pool_var(value)
+        if count is not None and count > usable:
+            lines.append(f"{name}={count}: more threads than the {usable} usable CPU(s)")
+    if not lines:
+        return lines, {}
+    advice = {}
+    for name, share in POOL_VARS.items():
+        count = parse_pool_var(env.get(name, ""))
+        if count is None or count > usable:
+            advice[name] = _size(plan, share)
+    return lines, advice
