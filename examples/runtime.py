@@ -5,9 +5,12 @@ worker process per device entry (multiprocessing, spawn) and receives every
 token from them on its result thread. Each worker runs a decode loop on three
 threads, main, "GPU" and plan, which hand work to each other five times a
 step; the step's work is a small CPU matmul (torch or numpy, whichever is
-installed). The API server plans at startup with ``cpupin.plan_server``; the
-workers pin their step threads with ``cpupin.pin_step_thread``; every other
-thread is a ``cpupin.Thread`` or ``cpupin.ThreadPool``.
+installed). The API server plans at startup with ``cpupin.plan_server`` and
+passes the plan, pool caps included, to its workers (``plan.child_env()``);
+each worker caps its pools (``cpupin.limit_pools``), pins its step threads
+with ``cpupin.pin_step_thread`` and times each step with a
+``cpupin.StepClock`` (the wait per step, p50 and p99, is in the report);
+every other thread is a ``cpupin.Thread`` or ``cpupin.ThreadPool``.
 
     python examples/runtime.py --setting off|auto|N [--devices 0,1] [--steps 300] [--json]
     python examples/runtime.py --host dgx-h100 --devices 0000:18:00.0   # the plan it would apply
@@ -86,6 +89,7 @@ def worker_main(  # type: ignore[no-untyped-def]
 ) -> None:
     """One worker: a decode loop on its main, GPU and plan threads."""
     name_thread(f"worker{index}")  # what the pool threads it starts inherit
+    cpupin.limit_pools()  # before the first parallel op: the caps the server passed on
     work = make_work()
     to_plan: queue.SimpleQueue[object] = queue.SimpleQueue()
     to_gpu: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -124,10 +128,12 @@ def worker_main(  # type: ignore[no-untyped-def]
         1, thread_name_prefix="detok", initializer=name_thread, initargs=(f"worker{index}-detok",)
     )
     detok_pool.submit(int).result()  # its thread exists before the sample starts
+    clock = cpupin.StepClock("decode")  # made in the step thread: it times this thread
     with detok_pool as detok, Sampler() as sampler:
         for step in range(steps):
-            to_plan.put(("launch", step))  # main -> plan -> gpu -> plan -> gpu -> main
-            value = to_main.get()
+            with clock.step():
+                to_plan.put(("launch", step))  # main -> plan -> gpu -> plan -> gpu -> main
+                value = to_main.get()
             detok.submit(format, value, ".3f")  # a helper pool, on the process mask
             conn.send((index, step, time.monotonic_ns()))
     wait_for(linger_file)  # the step threads stay up, pinned, until it exists
@@ -139,7 +145,7 @@ def worker_main(  # type: ignore[no-untyped-def]
         info._asdict() | {"mask": cpupin.format_cpulist(info.mask)}
         for info in cpupin.stray_threads()
     ]
-    conn.send(("done", index, [s.as_dict() for s in sampler.samples], stray))
+    conn.send(("done", index, [s.as_dict() for s in sampler.samples], stray, clock.summary()))
     conn.close()
     if pin is not None:
         pin.release()
@@ -179,7 +185,9 @@ def run_server(args: argparse.Namespace) -> tuple[dict[str, object], cpupin.Clai
         conns.append(parent)
         procs.append(proc)
     arrivals: list[list[int]] = [[] for _ in devices]
-    reports: dict[int, tuple[list[dict[str, object]], list[dict[str, object]]]] = {}
+    reports: dict[
+        int, tuple[list[dict[str, object]], list[dict[str, object]], dict[str, object]]
+    ] = {}
 
     server_samples: list[dict[str, object]] = []
 
@@ -201,7 +209,7 @@ def run_server(args: argparse.Namespace) -> tuple[dict[str, object], cpupin.Clai
                     open_conns.remove(conn)
                     continue
                 if message[0] == "done":
-                    reports[message[1]] = (message[2], message[3])
+                    reports[message[1]] = (message[2], message[3], message[4])
                 else:
                     arrivals[message[0]].append(time.monotonic_ns())
 
@@ -221,10 +229,12 @@ def run_server(args: argparse.Namespace) -> tuple[dict[str, object], cpupin.Clai
         {"process": "api-server", **info._asdict(), "mask": cpupin.format_cpulist(info.mask)}
         for info in cpupin.stray_threads()
     ]
+    step_clocks = []
     for i in sorted(reports):
-        samples, worker_stray = reports[i]
+        samples, worker_stray, clock = reports[i]
         threads += [{"process": f"worker{i}", **s} for s in samples]
         stray += [{"process": f"worker{i}", **s} for s in worker_stray]
+        step_clocks.append({"process": f"worker{i}", **clock})
     report = {
         "setting": str(placement.setting),
         "devices": list(placement.devices),
@@ -238,6 +248,7 @@ def run_server(args: argparse.Namespace) -> tuple[dict[str, object], cpupin.Clai
         "steps": args.steps,
         "steps_per_s": rate,
         "itl_ms": {"p50": q[49], "p95": q[94], "p99": q[98]},
+        "step_clocks": step_clocks,
         "threads": threads,
         "stray": stray,
     }
@@ -254,6 +265,13 @@ def print_report(report: dict[str, object]) -> None:
         f"{report['steps_per_s']:.0f} steps/s; inter-token latency p50 {itl['p50']:.3f} ms, "
         f"p95 {itl['p95']:.3f} ms, p99 {itl['p99']:.3f} ms"
     )
+    for c in report["step_clocks"]:
+        wait, wall = c["wait_us"], c["wall_us"]
+        print(
+            f"{c['process']}: {c['steps']} steps; wait for a CPU a step p50 "
+            f"{wait.get('p50', 0):.1f} µs, p99 {wait.get('p99', 0):.1f} µs; "
+            f"step p50 {wall.get('p50', 0):.1f} µs, p99 {wall.get('p99', 0):.1f} µs"
+        )
     print(f"{'process':11} {'thread':16} {'cpu ms/s':>9} {'wait ms/s':>10}  mask")
     for t in report["threads"]:
         print(

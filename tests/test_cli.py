@@ -127,6 +127,7 @@ def test_plan_all_gpus_of_the_dgx_h100_is_eight_disjoint_placements(capsys):
         "reason": servers[0]["reason"],
         "workers": [{"device": "0000:18:00.0", "cpus": [0, 112]}],
         "result_cpu": 55,
+        "usable_cpus": 221,  # 224 less the step core's two CPUs and the result CPU
     }
     cpus = [set(w["cpus"]) | {s["result_cpu"]} for s in servers for w in s["workers"]]
     assert sum(map(len, cpus)) == len(set().union(*cpus)) == 24
