@@ -160,7 +160,8 @@ class StepClock:
         self._state[8] = self._state[9] = -1
 
     def __del__(self) -> None:
-        self.close()
+        if "_state" in self.__dict__:  # not when __init__ refused its arguments
+            self.close()
 
     def _fail(self, rc: int) -> None:
         if self._forked_away:
