@@ -563,11 +563,26 @@ def thread_stats(pid: int | None = None, *, last_cpu: bool = False) -> list[Thre
 # --- a step clock's marks ---------------------------------------------------
 
 #: Where a step clock's state keeps what (see ``cpupin_step_end``).
-STEP_LAST, STEP_KEEP, STEP_COUNT, STEP_SUMS, STEP_RING = 4, 12, 13, 14, 20
+STEP_LAST, STEP_COUNT, STEP_SUMS, STEP_SLOW, STEP_BOUNDS, STEP_COUNTS, STEP_RING = (
+    4,
+    13,
+    14,
+    17,
+    20,
+    52,
+    88,
+)
+STEP_MAX_BOUNDS = 32
 
 
 def step_marker(
-    sched_fd: int, stat_fd: int = -1, stat_kind: int = 0, join_ns: int = 0, keep: int = 1
+    sched_fd: int,
+    stat_fd: int = -1,
+    stat_kind: int = 0,
+    join_ns: int = 0,
+    keep: int = 1,
+    bounds_ns: Iterable[int] = (),
+    slow_ns: int = -1,
 ) -> tuple[Callable[[], int], Callable[[], int], Any]:
     """The begin and end marks of a step clock and the state they keep.
 
@@ -576,14 +591,19 @@ def step_marker(
     cgroup v2, 1: v1, 0: not read; -1 when not found); a begin within
     ``join_ns`` of the last end returns 1 and takes that end as its start.
     An end stores the step's wall, run, wait and throttled ns at
-    ``state[4:8]`` and in a ring of ``keep`` steps from ``state[20]``, counts
-    it in ``state[13]`` and adds it to the sums at ``state[14:17]``. Each
-    returns 0 or ``-errno``. One call into C a mark, one argument, no Python
+    ``state[4:8]`` and in a ring of ``keep`` steps from ``state[88]``, counts
+    it in ``state[13]``, adds it to the sums at ``state[14:17]``, counts its
+    wait in the first of ``bounds_ns`` it does not exceed (``state[52:]``),
+    and returns 2 when the wait reached ``slow_ns`` (>= 0). Each returns 0
+    or ``-errno`` otherwise. One call into C a mark, one argument, no Python
     frame between (``functools.partial``): a step costs about one read of
     each file."""
+    bounds = sorted(bounds_ns)[:STEP_MAX_BOUNDS]
     state = ffi.new("long long[]", STEP_RING + 4 * keep)
     state[8], state[9], state[10], state[11] = sched_fd, stat_fd, stat_kind, join_ns
-    state[STEP_KEEP] = keep
+    state[12], state[STEP_SLOW], state[18] = keep, slow_ns, len(bounds)
+    for i, bound in enumerate(bounds):
+        state[STEP_BOUNDS + i] = bound
     return (
         functools.partial(lib.cpupin_step_begin, state),
         functools.partial(lib.cpupin_step_end, state),

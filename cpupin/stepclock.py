@@ -16,7 +16,6 @@ step.
 
 from __future__ import annotations
 
-import bisect
 import errno
 import os
 import weakref
@@ -120,12 +119,16 @@ class StepClock:
         self.on_slow = on_slow
         self._slow_ns = None if slow_wait_us is None else int(slow_wait_us * 1000)
         self.throttle_source: str | None = None
-        self.wait_counts = [0] * (len(_BOUNDS_NS) + 1)
         self._root = root
         self._want_throttle = throttle
         self._forked_away = False
         self._sched_fd = self._stat_fd = -1
-        self._begin, self._end, self._state = _native.step_marker(-1, keep=keep)
+        self._begin, self._end, self._state = _native.step_marker(
+            -1,
+            keep=keep,
+            bounds_ns=_BOUNDS_NS,
+            slow_ns=-1 if self._slow_ns is None or on_slow is None else self._slow_ns,
+        )
         self._open()
         _clocks.add(self)
 
@@ -187,12 +190,11 @@ class StepClock:
     def end(self) -> None:
         """End the step begun last, and record it."""
         rc = self._end()
-        if rc < 0:
-            self._fail(rc)
-        wait = self._state[6]
-        self.wait_counts[bisect.bisect_left(_BOUNDS_NS, wait)] += 1
-        if self._slow_ns is not None and wait >= self._slow_ns and self.on_slow is not None:
-            self.on_slow(self._step_at(_native.STEP_LAST))
+        if rc:  # 2: a slow step (its wait reached slow_wait_us); < 0: an error
+            if rc < 0:
+                self._fail(rc)
+            elif self.on_slow is not None:
+                self.on_slow(self._step_at(_native.STEP_LAST))
 
     def step(self) -> StepClock:
         """``with clock.step(): ...``: the clock is its own context manager."""
@@ -207,6 +209,13 @@ class StepClock:
         self.end()
 
     # --- what was recorded ---------------------------------------------------
+
+    @property
+    def wait_counts(self) -> list[int]:
+        """Steps a bucket of the wait histogram (:data:`BUCKETS_S`, then
+        those above the last bound)."""
+        at = _native.STEP_COUNTS
+        return [int(self._state[at + i]) for i in range(len(_BOUNDS_NS) + 1)]
 
     @property
     def steps(self) -> int:
@@ -259,7 +268,7 @@ class StepClock:
     def histogram(self) -> tuple[list[tuple[str, int]], float]:
         """The wait histogram as Prometheus wants it: cumulative counts a
         bucket (``le`` as text, ``+Inf`` last) and the sum in seconds."""
-        counts = list(self.wait_counts)
+        counts = self.wait_counts
         out, running = [], 0
         for bound, count in zip([*BUCKETS_S, None], counts):
             running += count

@@ -213,10 +213,13 @@ int cpupin_schedstat(int pid, int tid, unsigned long long *out3)
  * 0: not read, -1). Begin: when the last mark is younger than s[11] ns (the
  * previous step's end), it stands as the start and 1 is returned without
  * reading; else the start is read. End: s[4..7] get the step's four
- * differences (throttled -1 when unknown), which are also stored in the
- * ring of s[12] steps at s[20...] (step s[13] at slot s[13] % s[12]); s[13]
- * counts the steps, s[14..16] sum wall, wait and throttled ns; the end
- * becomes s[0..3]. 0 or -errno. */
+ * differences (throttled -1 when unknown), also stored in the ring of
+ * s[12] steps at s[88...] (step s[13] at slot s[13] % s[12]); s[13] counts
+ * the steps, s[14..16] sum wall, wait and throttled ns; the wait is counted
+ * in the first of the s[18] bucket bounds at s[20...] it does not exceed
+ * (counts at s[52...], the last for none); the end becomes s[0..3]. Returns
+ * 2 when the wait reached s[17] (>= 0), else 0; or -errno. The caller
+ * decides the bounds and what a slow step means. */
 static int step_read(int sched_fd, int stat_fd, int stat_kind, long long *out)
 {
     char buf[1024];
@@ -253,6 +256,11 @@ static int step_read(int sched_fd, int stat_fd, int stat_kind, long long *out)
     return 0;
 }
 
+enum {
+    STEP_KEEP = 12, STEP_COUNT = 13, STEP_SUMS = 14, STEP_SLOW = 17, STEP_NBOUNDS = 18,
+    STEP_BOUNDS = 20, STEP_MAX_BOUNDS = 32, STEP_COUNTS = 52, STEP_RING = 88
+};
+
 static int step_mark(long long *s, int end)
 {
     struct timespec ts;
@@ -267,17 +275,24 @@ static int step_mark(long long *s, int end)
     if (rc < 0)
         return rc;
     if (end) {
-        long long *slot = s + 20 + 4 * (s[13] % s[12]);
+        long long *slot = s + STEP_RING + 4 * (s[STEP_COUNT] % s[STEP_KEEP]);
+        long long nb = s[STEP_NBOUNDS], b = 0;
         for (int i = 0; i < 3; i++)
             s[4 + i] = now[i] - s[i];
         s[7] = now[3] >= 0 && s[3] >= 0 ? now[3] - s[3] : -1;
         for (int i = 0; i < 4; i++)
             slot[i] = s[4 + i];
-        s[13]++;
-        s[14] += s[4];
-        s[15] += s[6];
+        s[STEP_COUNT]++;
+        s[STEP_SUMS] += s[4];
+        s[STEP_SUMS + 1] += s[6];
         if (s[7] > 0)
-            s[16] += s[7];
+            s[STEP_SUMS + 2] += s[7];
+        while (b < nb && b < STEP_MAX_BOUNDS && s[6] > s[STEP_BOUNDS + b])
+            b++;
+        s[STEP_COUNTS + b]++;
+        for (int i = 0; i < 4; i++)
+            s[i] = now[i];
+        return s[STEP_SLOW] >= 0 && s[6] >= s[STEP_SLOW] ? 2 : 0;
     }
     for (int i = 0; i < 4; i++)
         s[i] = now[i];

@@ -85,11 +85,17 @@ def wait_for(path: str | None, timeout: float = 120.0) -> None:
 
 
 def worker_main(  # type: ignore[no-untyped-def]
-    index: int, cpus: tuple[int, ...] | None, steps: int, conn, linger_file: str | None = None
+    index: int,
+    cpus: tuple[int, ...] | None,
+    steps: int,
+    conn,
+    linger_file: str | None = None,
+    cap_pools: bool = True,
 ) -> None:
     """One worker: a decode loop on its main, GPU and plan threads."""
     name_thread(f"worker{index}")  # what the pool threads it starts inherit
-    cpupin.limit_pools()  # before the first parallel op: the caps the server passed on
+    if cap_pools:
+        cpupin.limit_pools()  # before the first parallel op: the caps the server passed on
     work = make_work()
     to_plan: queue.SimpleQueue[object] = queue.SimpleQueue()
     to_gpu: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -166,7 +172,8 @@ def run_server(args: argparse.Namespace) -> tuple[dict[str, object], cpupin.Clai
         file=sys.stderr,
         flush=True,
     )
-    os.environ.update(plan.child_env())  # the spawned workers' environment
+    # The spawned workers' environment: the plan's decision and its pool caps.
+    os.environ.update(plan.child_env(pools=args.pools == "cap"))
     if args.lock_dir:  # where this server and its workers record their pins
         os.environ["CPUPIN_LOCK_DIR"] = args.lock_dir
     ctx = mp.get_context("spawn")
@@ -177,7 +184,7 @@ def run_server(args: argparse.Namespace) -> tuple[dict[str, object], cpupin.Clai
         proc = ctx.Process(
             target=worker_main,
             name=f"worker{i}",
-            args=(i, cpus, args.steps, child, args.linger_file),
+            args=(i, cpus, args.steps, child, args.linger_file, args.pools == "cap"),
         )
         proc.start()
         print(f"runtime: worker {i} pid {proc.pid}", file=sys.stderr, flush=True)
@@ -293,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--pools",
+        choices=("cap", "leave"),
+        default="cap",
+        help="cap the workers' pools to their usable CPUs (default), or leave them as the "
+        "libraries size them (for comparison)",
+    )
     parser.add_argument("--root", help="plan from the host tree under DIR")
     parser.add_argument("--host", help="print the plan a shipped host would get, and exit")
     parser.add_argument(

@@ -3,6 +3,7 @@ caps against what a child's torch, threadpoolctl and os report, the census
 of a real process, throttling against a real quota'd cgroup, hostile
 cpu.stat and pressure files, and the step clock against schedstat."""
 
+import bisect
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from cpupin.pools import (
     verdict,
 )
 from cpupin.sampling import Sampler
+from cpupin.stepclock import BUCKETS_S
 
 from .helpers import proc_schedstat, run
 
@@ -636,6 +638,13 @@ def test_step_clock_wait_is_the_threads_own_schedstat(two_cpus):
     assert clock.wall_sum_ns > 0 and all(s.wall_ns > 0 for s in clock)
     buckets, total = clock.histogram()
     assert buckets[-1] == ("+Inf", 40) and total == clock.wait_sum_ns / 1e9
+    # The C layer's buckets against Python's own count of the kept steps.
+    bounds = [round(b * 1e9) for b in BUCKETS_S]
+    expected = [0] * (len(bounds) + 1)
+    for step in clock:
+        expected[bisect.bisect_left(bounds, step.wait_ns)] += 1
+    assert clock.wait_counts == expected
+    assert sum(s.wait_ns for s in clock) == clock.wait_sum_ns
     pct = clock.percentiles()
     assert pct["wait_us"]["p50"] <= pct["wait_us"]["p99"]
 

@@ -1,0 +1,146 @@
+"""What a StepClock costs a step, against what a user would otherwise time
+a step with, in the same rounds.
+
+Cases, each a loop of empty steps (per step, the loop's own cost taken out):
+``with clock.step()`` (steps back to back: one read a step), ``begin()`` and
+``end()`` with a gap between steps (two reads), two ``time.perf_counter_ns()``
+(wall time only), and two reads of ``/proc/thread-self/schedstat`` with
+``open().read()`` (what the wait costs without a kept descriptor). As root on
+a host with the cgroup cpu controller, the clock again inside a cgroup with a
+quota, where each end also reads ``cpu.stat``.
+
+    python bench/stepclock.py [--rounds 15] [--number 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+CASES = """
+import sys, time
+sys.path.insert(0, {here!r})
+from _env import paired
+import cpupin
+clock = cpupin.StepClock()
+def loop_with(n):
+    for _ in range(n):
+        with clock.step():
+            pass
+def begin_end(n):
+    b, e, s = clock.begin, clock.end, time.sleep
+    for _ in range(n):
+        b(); e()
+        clock._state[0] = 0  # the next begin reads again: as after a gap between steps
+def perf(n):
+    c = time.perf_counter_ns
+    for _ in range(n):
+        c(); c()
+def python_schedstat(n):
+    for _ in range(n):
+        open("/proc/thread-self/schedstat").read(); open("/proc/thread-self/schedstat").read()
+def empty(n):
+    for _ in range(n):
+        pass
+N = {number}
+cases = {{"with clock.step() (back to back)": lambda: loop_with(N),
+          "clock.begin() + end() (a gap between steps)": lambda: begin_end(N),
+          "two time.perf_counter_ns()": lambda: perf(N),
+          "two open().read() of schedstat": lambda: python_schedstat(N // 10),
+          "empty loop": lambda: empty(N)}}
+got = paired(cases, 1, {rounds})
+got["two open().read() of schedstat"] /= N // 10
+for k in list(got):
+    if k != "two open().read() of schedstat":
+        got[k] /= N
+print(repr(({{k: v for k, v in got.items()}}, clock.throttle_source)))
+"""
+
+
+def measure(args: argparse.Namespace, enter=None) -> tuple[dict[str, float], str | None]:
+    code = CASES.format(here=str(HERE), number=args.number, rounds=args.rounds)
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        preexec_fn=enter,
+    )
+    return eval(out.stdout)  # noqa: S307 - our own child's output
+
+
+def quota_cgroup() -> tuple[str, str] | None:
+    if os.geteuid() != 0:
+        return None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if parts[2] == "cgroup" and "cpu" in parts[3].split(","):
+                path = f"{parts[1]}/cpupin-bench-{uuid.uuid4().hex[:8]}"
+                os.mkdir(path)
+                Path(path, "cpu.cfs_quota_us").write_text("150000")
+                return path, parts[1]
+            if parts[2] == "cgroup2":
+                try:
+                    if "cpu" not in Path(parts[1], "cgroup.controllers").read_text().split():
+                        continue
+                    Path(parts[1], "cgroup.subtree_control").write_text("+cpu")
+                except OSError:
+                    continue
+                path = f"{parts[1]}/cpupin-bench-{uuid.uuid4().hex[:8]}"
+                os.mkdir(path)
+                Path(path, "cpu.max").write_text("150000 100000")
+                return path, parts[1]
+    return None
+
+
+def show(title: str, got: dict[str, float]) -> None:
+    from _env import fmt_ns
+
+    empty = got.pop("empty loop")
+    print(title)
+    clock = got["with clock.step() (back to back)"] - empty
+    for name, ns in got.items():
+        per_step = ns - empty if name != "two open().read() of schedstat" else ns
+        ratio = "" if name.startswith("with") else f"  ({per_step / clock:.2f}x the clock)"
+        print(f"  {name:44} {fmt_ns(per_step):>10} a step{ratio}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--number", type=int, default=20000, help="steps a round")
+    args = parser.parse_args()
+    from _env import describe
+
+    print(describe())
+    print()
+    got, source = measure(args)
+    show(f"no quota (cpu.stat {'read' if source else 'not read'}): medians of {args.rounds}", got)
+    made = quota_cgroup()
+    if made is None:
+        print("with a quota: not measured (needs root and the cgroup cpu controller)")
+        return
+    path, mount = made
+    try:
+        got, source = measure(args, lambda: Path(path, "cgroup.procs").write_text(str(os.getpid())))
+    finally:
+        time.sleep(0.1)
+        for pid in Path(path, "cgroup.procs").read_text().split():
+            Path(mount, "cgroup.procs").write_text(pid)
+        os.rmdir(path)
+    show(f"in a cgroup with a 1.5-CPU quota (reads {source}): medians of {args.rounds}", got)
+
+
+if __name__ == "__main__":
+    main()
