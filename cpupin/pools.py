@@ -11,12 +11,15 @@ for the next. This module gives the one number that matters
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._native import ThreadStat
 from ._sysfs import Reader
@@ -297,6 +300,7 @@ _TRAILING_NUMBER = re.compile(r"[\s_\-.:#/]*\d+\Z")
 _THREAD_N = re.compile(r"\AThread-\d+")
 
 
+@functools.lru_cache(maxsize=4096)
 def pool_name(name: str) -> str:
     """The pool a thread's name puts it in: its name without a trailing
     number (``ThreadPoolExecutor-0_3`` -> ``ThreadPoolExecutor-0``,
@@ -464,15 +468,32 @@ def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:
         n = torch.get_num_threads()
         out.append(Pool("torch intra-op", n, usable, verdict(n, usable, sizes), "configured"))
     if "threadpoolctl" in sys.modules or _any_pool_library():
-        try:
-            from threadpoolctl import threadpool_info
-        except ImportError:  # pragma: no cover - a dependency
-            return out
-        for info in threadpool_info():
-            n = int(info.get("num_threads") or 0)
-            label = f"{info.get('internal_api')} ({os.path.basename(str(info.get('filepath')))})"
+        for lib in _controllers():
+            n = lib.num_threads
+            label = f"{lib.internal_api} ({os.path.basename(lib.filepath)})"
             out.append(Pool(label, n, usable, verdict(n, usable, sizes), "configured"))
     return out
+
+
+#: How long threadpoolctl's list of the loaded libraries is kept: its scan
+#: of every shared object costs milliseconds, too much for each scrape, and
+#: libraries are loaded at start-up; the sizes are read afresh each time.
+_SCAN_TTL_S = 30.0
+_scan: tuple[float, int, list[Any]] = (0.0, 0, [])
+
+
+def _controllers() -> list[Any]:
+    global _scan
+    now = time.monotonic()
+    at, pid, found = _scan
+    if pid != os.getpid() or now - at > _SCAN_TTL_S:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - a dependency
+            return []
+        found = list(ThreadpoolController().lib_controllers)
+        _scan = (now, os.getpid(), found)
+    return found
 
 
 def _any_pool_library() -> bool:

@@ -345,9 +345,27 @@ def test_throttling_from_a_real_quota_is_told_from_contention():
             assert top.returncode == 0, top.stderr
             (sample,) = json.loads(top.stdout)["samples"]
             assert sample["throttled_ms_per_s"] > 0
+            families = scrape(child.pid)
+            (seconds,) = families["cpupin_cgroup_throttled_seconds"].samples
+            (periods,) = families["cpupin_cgroup_throttled_periods"].samples
+            assert seconds.value > 0 and periods.value > 0
+            assert seconds.value * 1e9 <= oracle()[0]
         finally:
             child.kill()
             child.wait()
+
+
+def scrape(pid=None):
+    """The collector's families for ``pid``, parsed as Prometheus would."""
+    import prometheus_client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cpupin.metrics import ThreadCollector
+
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(ThreadCollector(pid))
+    text = prometheus_client.generate_latest(registry).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
 
 
 def test_contention_without_a_quota_is_contention(two_cpus):
@@ -718,19 +736,11 @@ def test_step_clock_after_fork():
 
 
 def test_step_clock_histogram_reaches_prometheus():
-    prometheus_client = pytest.importorskip("prometheus_client")
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from cpupin.metrics import ThreadCollector
-
     clock = cpupin.StepClock("prom")
     for _ in range(7):
         with clock.step():
             pass
-    registry = prometheus_client.CollectorRegistry(auto_describe=False)
-    registry.register(ThreadCollector())
-    text = prometheus_client.generate_latest(registry).decode()
-    families = {f.name: f for f in text_string_to_metric_families(text)}
+    families = scrape()
     counts = [
         s.value
         for s in families["cpupin_step_wait_seconds"].samples
@@ -738,3 +748,27 @@ def test_step_clock_histogram_reaches_prometheus():
     ]
     assert counts == [7]
     assert families["cpupin_usable_cpus"].samples[0].value == cpupin.usable_cpus()
+
+
+@pytest.mark.parametrize("pools", ["cap", "leave"])
+def test_the_example_runtime_times_its_steps_with_pools_capped_or_left(tmp_path, pools):
+    env = {k: v for k, v in os.environ.items() if k not in POOL_VARS}
+    env["CPUPIN_LOCK_DIR"] = str(tmp_path)
+    runtime = Path(__file__).resolve().parent.parent / "examples" / "runtime.py"
+    out = run(
+        [
+            sys.executable,
+            str(runtime),
+            "--setting",
+            "off",
+            "--steps",
+            "60",
+            "--pools",
+            pools,
+            "--json",
+        ],
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    (clock,) = json.loads(out.stdout)["step_clocks"]
+    assert clock["steps"] == 60 and clock["wait_us"]["p50"] <= clock["wait_us"]["p99"]
