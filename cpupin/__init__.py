@@ -10,35 +10,21 @@ See the README for the guide.
 
 from __future__ import annotations
 
-from ._native import (
-    HAVE_AFFINITY,
-    SchedStat,
-    ThreadStat,
-    get_affinity,
-    getcpu,
-    gettid,
-    online_cpus,
-    schedstat,
-    set_affinity,
-    thread_stats,
-)
-from .binding import Binding, bind_process, decide_binding
-from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
-from .cpuplan import CpuPlan
-from .errors import PlanError, UnsupportedPlatform
-from .handoff import HandoffResult  # also makes cpupin.handoff.handoff reachable
-from .lock import Claim, claim_gpus
-from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
-from .pools import Census, Pool, PoolLimits, census, cpu_plan, limit_pools, pool_env, usable_cpus
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Recorded at import, from the main thread, before anything can pin: the
+# process mask (see cpupin.process). Pinning (cpupin.threads, with the
+# record it writes) is imported here too: a signal handler that pins while
+# the main thread is in the middle of a first, lazy import of it would
+# find it half made. Everything else is imported on first use, so that
+# ``import cpupin`` costs little more than the native layer
+# (bench/RESULTS.md).
 from .process import process_cpus, set_process_cpus
-from .sampling import Sampler, ThreadSample, sample_threads
-from .server import ServerPlan, child_env, plan_server, resolve_devices
-from .stepclock import Step, StepClock
 from .threads import (
     Pin,
     Thread,
     ThreadInfo,
-    ThreadPool,
     pin_current_thread,
     pin_step_thread,
     pinned_threads,
@@ -46,9 +32,134 @@ from .threads import (
     register_warmup,
     stray_threads,
 )
-from .topology import Core, Gpu, Host, IdleState, Node, Quota, parse_pci_address, read_host
+
+if TYPE_CHECKING:
+    from ._native import (
+        HAVE_AFFINITY,
+        SchedStat,
+        ThreadStat,
+        get_affinity,
+        getcpu,
+        gettid,
+        online_cpus,
+        schedstat,
+        set_affinity,
+        thread_stats,
+    )
+    from .binding import Binding, bind_process, decide_binding
+    from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
+    from .cpuplan import CpuPlan
+    from .errors import PlanError, UnsupportedPlatform
+    from .handoff import HandoffResult
+    from .lock import Claim, claim_gpus
+    from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
+    from .pool_census import Census, Pool, census
+    from .pools import PoolLimits, cpu_plan, limit_pools, pool_env, usable_cpus
+    from .process import process_cpus, set_process_cpus
+    from .sampling import Sampler, ThreadSample, sample_threads
+    from .server import ServerPlan, child_env, plan_server, resolve_devices
+    from .stepclock import Step, StepClock
+    from .threads import (
+        Pin,
+        Thread,
+        ThreadInfo,
+        ThreadPool,
+        pin_current_thread,
+        pin_step_thread,
+        pinned_threads,
+        refresh_process_cpus,
+        register_warmup,
+        stray_threads,
+    )
+    from .topology import Core, Gpu, Host, IdleState, Node, Quota, parse_pci_address, read_host
 
 __version__ = "0.1.0"
+
+#: Each public name to the module that defines it, imported on first use.
+_LAZY: dict[str, str] = {
+    "Binding": "binding",
+    "Census": "pool_census",
+    "Claim": "lock",
+    "Core": "topology",
+    "CpuPlan": "cpuplan",
+    "Gpu": "topology",
+    "HAVE_AFFINITY": "_native",
+    "HandoffResult": "handoff",
+    "Host": "topology",
+    "IdleState": "topology",
+    "Node": "topology",
+    "Pin": "threads",
+    "Placement": "placement",
+    "PlanError": "errors",
+    "Pool": "pool_census",
+    "PoolLimits": "pools",
+    "Quota": "topology",
+    "Sampler": "sampling",
+    "SchedStat": "_native",
+    "ServerPlan": "server",
+    "Step": "stepclock",
+    "StepClock": "stepclock",
+    "Thread": "threads",
+    "ThreadInfo": "threads",
+    "ThreadPool": "threads",
+    "ThreadSample": "sampling",
+    "ThreadStat": "_native",
+    "UnsupportedPlatform": "errors",
+    "WorkerPlacement": "placement",
+    "bind_process": "binding",
+    "census": "pool_census",
+    "child_env": "server",
+    "claim_gpus": "lock",
+    "cpu_plan": "pools",
+    "decide_binding": "binding",
+    "format_cpulist": "cpulist",
+    "get_affinity": "_native",
+    "getcpu": "_native",
+    "gettid": "_native",
+    "limit_pools": "pools",
+    "online_cpus": "_native",
+    "parse_cpulist": "cpulist",
+    "parse_cpumask": "cpulist",
+    "parse_pci_address": "topology",
+    "parse_setting": "placement",
+    "pin_current_thread": "threads",
+    "pin_step_thread": "threads",
+    "pinned_threads": "threads",
+    "place": "placement",
+    "plan_server": "server",
+    "pool_env": "pools",
+    "process_cpus": "process",
+    "read_host": "topology",
+    "refresh_process_cpus": "threads",
+    "register_warmup": "threads",
+    "resolve_devices": "server",
+    "sample_threads": "sampling",
+    "schedstat": "_native",
+    "set_affinity": "_native",
+    "set_process_cpus": "process",
+    "setting_from_env": "placement",
+    "stray_threads": "threads",
+    "thread_stats": "_native",
+    "usable_cpus": "pools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, or a submodule, imported when first asked for."""
+    module = _LAZY.get(name)
+    if module is None:
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'cpupin' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "HAVE_AFFINITY",

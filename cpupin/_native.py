@@ -446,6 +446,23 @@ def schedstat(tid: int = 0, pid: int | None = None) -> SchedStat:
     return SchedStat(out[0], out[1], out[2])
 
 
+def thread_start_time() -> int | None:
+    """The calling thread's start time in clock ticks since boot (what
+    ``cpupin._proc.start_time`` reads from ``stat``), read once a thread in
+    one C call and then kept: it never changes while the thread lives, and
+    the kept value is checked against the tid (a forked child's thread is
+    another thread). ``None`` where ``/proc`` cannot say."""
+    tid = lib.cpupin_gettid()
+    kept = getattr(_tls, "start", None)
+    if kept is not None and kept[0] == tid:
+        return kept[1]  # type: ignore[no-any-return]
+    out = ffi.new("unsigned long long *")
+    if lib.cpupin_thread_start(out) != 0:
+        return None
+    _tls.start = (tid, int(out[0]))
+    return int(out[0])
+
+
 class _Tasks:
     """The C reader of one process's tasks; its descriptors stay open."""
 

@@ -4,6 +4,21 @@ tells them apart."""
 
 from __future__ import annotations
 
+import os
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:
+        return "/"
+
+
+#: The working directory when cpupin was imported, against which a relative
+#: ``CPUPIN_LOCK_DIR`` is resolved (see cpupin.registry.lock_dir): a runtime
+#: that changes directory later still meets its peers in the same place.
+START_CWD = _cwd()
+
 __all__ = ["euid_of", "start_time"]
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -50,7 +49,6 @@ from ._sysfs import Reader
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import PlanError, excerpt
 from .process import process_cpus, set_process_cpus, thread_masks
-from .server import resolve_devices
 from .topology import Host, read_host
 
 __all__ = [
@@ -62,7 +60,6 @@ __all__ = [
     "read_mems_allowed",
 ]
 
-log = logging.getLogger("cpupin")
 
 CpuMode = Literal["node", "keep"]
 MemoryMode = Literal["preferred", "bind", "none"]
@@ -291,6 +288,8 @@ def bind_process(
         )
     address = None
     if device is not None:
+        from .server import resolve_devices  # its imports cost a binding that names a node
+
         (address,) = resolve_devices([device], host, environ)
     decided = decide_binding(
         host,
@@ -364,7 +363,9 @@ def _apply_memory(decided: Binding, strict: bool) -> Binding:
             first = -rc not in _warned
             _warned.add(-rc)
         if first:
-            log.warning("cpupin: %s", why)
+            import logging
+
+            logging.getLogger("cpupin").warning("cpupin: %s", why)
         reasons.append(why)
         return Binding(
             decided.device,

@@ -15,7 +15,7 @@ both counters (Prometheus computes the rates), labelled ``pid``, ``tid``,
 that is neither the process mask nor a registered pin), ``cpupin_usable_cpus``
 (what its pools may use: :func:`cpupin.pools.usable_cpus`),
 ``cpupin_pool_threads`` (labelled ``pool`` and ``verdict``: the census of
-:func:`cpupin.pools.census`), and the counters
+:func:`cpupin.pool_census.census`), and the counters
 ``cpupin_cgroup_throttled_seconds_total`` and
 ``cpupin_cgroup_throttled_periods_total`` of its cgroup's quota (absent
 without one). For this process, each :class:`cpupin.StepClock` adds the
@@ -35,13 +35,14 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ._sysfs import Reader
-from .cgroup import read_cgroup, read_cpu_stat
+from .cgroup import read_cgroup
 from .cpulist import format_cpulist
-from .pools import census
+from .pool_census import census
 from .process import process_cpus, thread_masks
 from .registry import Registry, read_registry
 from .sampling import process_mask_of
 from .threads import pinned_roles
+from .throttle import read_cpu_stat
 
 __all__ = ["ProcessesCollector", "ThreadCollector"]
 

@@ -4,38 +4,29 @@ A pool sized from the host's CPU count inside a cgroup quota or a narrow
 cpuset runs more threads than the process can keep busy: they queue behind
 one another and, under a quota, exhaust it early in each period and all wait
 for the next. This module gives the one number that matters
-(:func:`usable_cpus`), caps the pools to it (:func:`limit_pools` in process,
-:func:`pool_env` for children), and counts the pools a process runs
-(:func:`census`), with a verdict for each.
+(:func:`usable_cpus`) and caps the pools to it (:func:`limit_pools` in
+process, :func:`pool_env` for children); :mod:`cpupin.census` counts the
+pools a process runs, with a verdict for each.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import re
 import sys
-import threading
-import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from ._native import ThreadStat
 from ._sysfs import Reader
 from .cgroup import read_cgroup
-from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
 from .process import process_cpus, process_mask_of, registry_of, thread_masks
 
 __all__ = [
     "ENV_POOL_VARS",
     "POOL_VARS",
-    "Census",
-    "Pool",
     "PoolLimits",
-    "census",
     "cpu_plan",
+    "environment_advice",
     "limit_pools",
     "pool_env",
     "usable_cpus",
@@ -288,219 +279,6 @@ def _limit_libraries(env: Mapping[str, str], size: int, limits: PoolLimits) -> N
             limits.set[label] = size
         else:
             limits.kept[label] = f"already {_threads(now)}, not raised"
-
-
-# --- the census ------------------------------------------------------------
-
-FITS = "fits"
-OVERSUBSCRIBED = "oversubscribed"
-FROM_HOST = "sized from the host"
-
-_TRAILING_NUMBER = re.compile(r"[\s_\-.:#/]*\d+\Z")
-_THREAD_N = re.compile(r"\AThread-\d+")
-
-
-@functools.lru_cache(maxsize=4096)
-def pool_name(name: str) -> str:
-    """The pool a thread's name puts it in: its name without a trailing
-    number (``ThreadPoolExecutor-0_3`` -> ``ThreadPoolExecutor-0``,
-    ``Thread-7 (worker)`` -> ``Thread (worker)``)."""
-    stem = _THREAD_N.sub("Thread", name)
-    return _TRAILING_NUMBER.sub("", stem) or name
-
-
-@dataclass(frozen=True)
-class Pool:
-    """Threads of one process that form a pool, or a library's configured one."""
-
-    name: str
-    threads: int
-    usable_cpus: int
-    verdict: str
-    """``fits``, ``oversubscribed`` (more threads than usable CPUs) or
-    ``sized from the host`` (as many as the host's or a node's CPUs, or
-    ``os.cpu_count() + 4`` as ThreadPoolExecutor counts, while the process
-    has fewer usable CPUs)."""
-    kind: str = "threads"
-    """``threads``: counted from the threads running; ``configured``: a
-    library's setting (threadpoolctl, torch), whose threads start on use."""
-    tids: tuple[int, ...] = ()
-    stray: int = 0
-    """Threads of the pool on a narrower mask that is not a registered pin:
-    one started from a pinned thread inherited its pin."""
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "threads": self.threads,
-            "usable_cpus": self.usable_cpus,
-            "verdict": self.verdict,
-            "kind": self.kind,
-            "tids": list(self.tids),
-            "stray": self.stray,
-        }
-
-
-def verdict(threads: int, usable: int, host_sizes: Iterable[int]) -> str:
-    """A pool's verdict: see :attr:`Pool.verdict`."""
-    if threads <= usable:
-        return FITS
-    return FROM_HOST if threads in set(host_sizes) else OVERSUBSCRIBED
-
-
-def host_sizes(host_cpus: int, node_cpus: Iterable[int] = ()) -> frozenset[int]:
-    """The pool sizes that betray a count of the host: its CPUs, each
-    node's, and ThreadPoolExecutor's default ``min(32, CPUs + 4)``."""
-    sizes = {host_cpus, min(32, host_cpus + 4)}
-    sizes.update(n for n in node_cpus if n > 1)
-    return frozenset(sizes)
-
-
-@dataclass(frozen=True)
-class Census:
-    """A process's threads grouped into pools, against its usable CPUs."""
-
-    pid: int
-    usable_cpus: int
-    plan: CpuPlan
-    pools: tuple[Pool, ...]
-
-    @property
-    def bad(self) -> list[Pool]:
-        return [p for p in self.pools if p.verdict != FITS]
-
-    def as_dict(self) -> dict[str, object]:
-        quota = self.plan.quota
-        return {
-            "pid": self.pid,
-            "usable_cpus": self.usable_cpus,
-            "mask": sorted(self.plan.mask),
-            "mask_list": format_cpulist(self.plan.mask),
-            "quota_cpus": None if quota is None else round(quota.quota_us / quota.period_us, 2),
-            "pinned": sorted(self.plan.pinned),
-            "pools": [p.as_dict() for p in self.pools],
-        }
-
-
-def _host_shape(root: str) -> tuple[int, list[int]]:
-    with Reader(root) as r:
-        online = r.cpus("sys/devices/system/cpu/online") or frozenset(range(os.cpu_count() or 1))
-        nodes = []
-        for name in r.listdir("sys/devices/system/node") or []:
-            if name.startswith("node") and name[4:].isdigit():
-                cpus = r.cpus(f"sys/devices/system/node/{name}/cpulist")
-                if cpus:
-                    nodes.append(len(cpus))
-    return len(online), nodes
-
-
-def census(
-    pid: int | None = None,
-    *,
-    root: str = "/",
-    plan: CpuPlan | None = None,
-    threads: list[tuple[ThreadStat, frozenset[int]]] | None = None,
-    pins: Mapping[int, frozenset[int]] | None = None,
-) -> Census:
-    """Group a process's threads (``None``: this one) into pools by name and
-    judge each against its usable CPUs.
-
-    In this process a thread is named by its Python name where it has one (a
-    ``multiprocessing.Queue`` feeder shows as ``QueueFeederThread``), and the
-    pools the loaded libraries configured are listed too (threadpoolctl,
-    torch's intra-op pool). From outside, threads are named as the kernel
-    knows them and the main thread (tid = pid) stands alone. ``plan``,
-    ``threads`` (as :func:`~cpupin.process.thread_masks` gives them) and
-    ``pins`` (tid to its registered pin) replace what would be read.
-    """
-    own = pid is None or pid == os.getpid()
-    target = os.getpid() if own else int(pid or 0)
-    if threads is None:
-        threads = thread_masks(None if own else target)
-    names: dict[int, str] = {}
-    if own:
-        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-        from .threads import pinned_threads
-
-        pins = pinned_threads() if pins is None else pins
-        mask = process_cpus()
-    else:
-        if pins is None:
-            pins = {p.tid: p.cpus for p in registry_of(target, None).pins_of(target)}
-        mask = process_mask_of(target, [m for _, m in threads])[0]
-    if plan is None:
-        plan = cpu_plan(target, root=root, mask=mask, pinned=frozenset().union(*pins.values()))
-    usable = plan.usable_cpus
-    n_host, nodes = _host_shape(root)
-    sizes = host_sizes(n_host, nodes)
-    groups: dict[str, list[tuple[int, bool]]] = {}
-    for st, cpus in threads:
-        if st.tid in names:
-            group = pool_name(names[st.tid])
-        elif st.tid == target:
-            group = "main thread"
-        else:
-            group = pool_name(st.name)
-        stray = cpus != mask and pins.get(st.tid) != cpus
-        groups.setdefault(group, []).append((st.tid, stray))
-    pools = [
-        Pool(
-            name,
-            len(members),
-            usable,
-            verdict(len(members), usable, sizes),
-            "threads",
-            tuple(t for t, _ in members),
-            sum(s for _, s in members),
-        )
-        for name, members in groups.items()
-    ]
-    if own:
-        pools.extend(_configured(usable, sizes))
-    pools.sort(key=lambda p: (p.kind != "threads", -p.threads, p.name))
-    return Census(target, usable, plan, tuple(pools))
-
-
-def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:
-    out = []
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "get_num_threads"):
-        n = torch.get_num_threads()
-        out.append(Pool("torch intra-op", n, usable, verdict(n, usable, sizes), "configured"))
-    if "threadpoolctl" in sys.modules or _any_pool_library():
-        for lib in _controllers():
-            n = lib.num_threads
-            label = f"{lib.internal_api} ({os.path.basename(lib.filepath)})"
-            out.append(Pool(label, n, usable, verdict(n, usable, sizes), "configured"))
-    return out
-
-
-#: How long threadpoolctl's list of the loaded libraries is kept: its scan
-#: of every shared object costs milliseconds, too much for each scrape, and
-#: libraries are loaded at start-up; the sizes are read afresh each time.
-_SCAN_TTL_S = 30.0
-_scan: tuple[float, int, list[Any]] = (0.0, 0, [])
-
-
-def _controllers() -> list[Any]:
-    global _scan
-    now = time.monotonic()
-    at, pid, found = _scan
-    if pid != os.getpid() or now - at > _SCAN_TTL_S:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # pragma: no cover - a dependency
-            return []
-        found = list(ThreadpoolController().lib_controllers)
-        _scan = (now, os.getpid(), found)
-    return found
-
-
-def _any_pool_library() -> bool:
-    """Whether a BLAS or OpenMP library may be loaded: threadpoolctl's scan
-    of the loaded libraries costs milliseconds, so skip it for a process
-    that imported none of the packages that bring one."""
-    return any(m in sys.modules for m in ("numpy", "scipy", "torch", "sklearn", "numexpr"))
 
 
 def parse_pool_var(value: str) -> int | None:

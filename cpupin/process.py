@@ -9,17 +9,25 @@ takes it from ``CPUPIN_PROCESS_CPUS`` instead.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from . import _native, registry
+from . import _native
 from ._proc import start_time
 from .cpulist import cpus_phrase, format_cpulist, parse_cpulist
 from .errors import excerpt
 
-log = logging.getLogger("cpupin")
+if TYPE_CHECKING:
+    from .registry import Registry
+
+
+def _log() -> Any:
+    import logging  # on the rare paths that log: importing it costs 4 ms
+
+    return logging.getLogger("cpupin")
+
 
 __all__ = [
     "ENV_PROCESS_CPUS",
@@ -66,12 +74,14 @@ def _inherit() -> frozenset[int] | None:
         cpus = parse_cpulist(text)
         current = _native.get_affinity(os.getpid())
     except (ValueError, OSError) as exc:
-        log.warning("cpupin: %s=%s not used: %s", ENV_PROCESS_CPUS, excerpt(text), exc)
+        _log().warning("cpupin: %s=%s not used: %s", ENV_PROCESS_CPUS, excerpt(text), exc)
         return None
     if current == cpus:
         return cpus
+    from . import registry
+
     if not (current < cpus and registry.parent_pinned_to(current)):
-        log.debug(
+        _log().debug(
             "cpupin: %s=%s set aside: this process was started on CPU %s, which is not a pin "
             "of its parent's; the launcher's mask wins",
             ENV_PROCESS_CPUS,
@@ -82,7 +92,7 @@ def _inherit() -> frozenset[int] | None:
     try:
         _native.set_affinity(cpus, os.getpid())
     except (ValueError, OSError) as exc:
-        log.warning("cpupin: %s=%s not used: %s", ENV_PROCESS_CPUS, excerpt(text), exc)
+        _log().warning("cpupin: %s=%s not used: %s", ENV_PROCESS_CPUS, excerpt(text), exc)
         return None
     return cpus
 
@@ -169,9 +179,11 @@ def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[in
     return max(masks, key=len, default=frozenset()), "the widest mask among its threads"
 
 
-def registry_of(pid: int, lock_dirs: list[str] | None) -> registry.Registry:
+def registry_of(pid: int, lock_dirs: list[str] | None) -> Registry:
     """The registry that knows ``pid``: the first of the candidate lock
     directories with a live record of it (else the first one read)."""
+    from . import registry
+
     if lock_dirs is None:
         theirs = environ_of(pid, registry.ENV_LOCK_DIR)
         if theirs and not os.path.isabs(theirs):

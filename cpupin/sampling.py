@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 
 from . import _native
-from .cgroup import ThrottleProbe, Throttling
 from .cpulist import format_cpulist
 from .process import (
     process_cpus,
@@ -26,6 +25,7 @@ from .process import (
 )
 from .registry import Record, Registry
 from .threads import pinned_threads
+from .throttle import ThrottleProbe, Throttling
 
 __all__ = [
     "Audit",
@@ -366,7 +366,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
 def _pools_of(pid: int, registry: Registry) -> dict[str, object]:
     """A process's usable CPUs and its census of pools, seen from outside;
     nothing when it exits meanwhile."""
-    from .pools import census
+    from .pool_census import census
 
     try:
         pins = {p.tid: p.cpus for p in registry.pins_of(pid)}

@@ -15,23 +15,18 @@ or ``ThreadPoolExecutor`` (ruff's TID251 refuses them elsewhere).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
+import time
 from _thread import get_ident
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _native, registry
-from .cgroup import read_cgroup_cpuset
 from .cpulist import cpus_phrase, format_cpulist
 from .errors import excerpt
 from .process import process_cpus, set_process_cpus, start_time, thread_masks
-
-log = logging.getLogger("cpupin")
 
 __all__ = [
     "Pin",
@@ -89,7 +84,9 @@ def _fit_process_mask(cpus: frozenset[int]) -> None:
         what = f"new threads run on what is left of it, CPU {format_cpulist(now)}"
     else:
         what = f"new threads keep their creator's mask, CPU {format_cpulist(now)}"
-    log.warning(
+    import logging  # here alone: importing it costs ``import cpupin`` 4 ms
+
+    logging.getLogger("cpupin").warning(
         "cpupin: the kernel no longer allows the whole process mask %s (the cpuset or "
         "the online CPUs changed); %s; call cpupin.refresh_process_cpus() after a cpuset "
         "change",
@@ -117,6 +114,8 @@ def refresh_process_cpus() -> frozenset[int]:
             return set_process_cpus(_native.get_affinity(pid))
         except (ProcessLookupError, ValueError):
             pass  # the main thread has exited, or its mask is not online
+
+    from .cgroup import read_cgroup_cpuset
 
     online = _native.online_cpus(refresh=True)
     allowed = (read_cgroup_cpuset("/") or online) & online
@@ -194,27 +193,48 @@ class _Initializer:
             self.user(*args)
 
 
-class ThreadPool(ThreadPoolExecutor):
-    """A ``ThreadPoolExecutor`` whose worker threads start on the process mask.
+def _define_thread_pool() -> type:
+    """The ThreadPool class, made on first use: concurrent.futures imports
+    logging, which costs ``import cpupin`` 5 ms that a process that only pins
+    should not pay."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    Same signature; a user ``initializer`` still runs in each worker (after
-    the move), and one that fails breaks the pool as in the standard library
-    (``BrokenThreadPool``).
-    """
+    class ThreadPool(ThreadPoolExecutor):
+        """A ``ThreadPoolExecutor`` whose worker threads start on the process mask.
 
-    def __init__(
-        self,
-        max_workers: int | None = None,
-        thread_name_prefix: str = "",
-        initializer: Callable[..., object] | None = None,
-        initargs: tuple[Any, ...] = (),
-        **kwargs: Any,
-    ) -> None:
-        if initializer is not None and not callable(initializer):
-            raise TypeError("initializer must be a callable")
-        super().__init__(
-            max_workers, thread_name_prefix, _Initializer(initializer), initargs, **kwargs
-        )
+        Same signature; a user ``initializer`` still runs in each worker (after
+        the move), and one that fails breaks the pool as in the standard library
+        (``BrokenThreadPool``).
+        """
+
+        def __init__(
+            self,
+            max_workers: int | None = None,
+            thread_name_prefix: str = "",
+            initializer: Callable[..., object] | None = None,
+            initargs: tuple[Any, ...] = (),
+            **kwargs: Any,
+        ) -> None:
+            if initializer is not None and not callable(initializer):
+                raise TypeError("initializer must be a callable")
+            super().__init__(
+                max_workers, thread_name_prefix, _Initializer(initializer), initargs, **kwargs
+            )
+
+    ThreadPool.__module__ = __name__
+    ThreadPool.__qualname__ = "ThreadPool"
+    return ThreadPool
+
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor as ThreadPool
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name == "ThreadPool":
+            pool = globals()["ThreadPool"] = _define_thread_pool()
+            return pool
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- pins ------------------------------------------------------------------
@@ -229,6 +249,28 @@ _warmups: list[Callable[[], object]] = []
 # leaves the writing to the outer loop) and whether the pins changed since.
 _publishing = False
 _dirty = False
+# Threads that pinned leave a sentinel in their thread-local storage; when a
+# thread ends, Python frees it and its (tid, start time) lands here, so a
+# publish drops the pin of a thread gone without a read of /proc.
+_gone: list[tuple[int, int | None]] = []
+_sentinels = threading.local()
+# When the pins of the other threads were last checked against /proc (for a
+# thread whose end Python did not see: one killed from C).
+_last_sweep = 0.0
+#: How often a publish checks every other pin's thread in /proc, in seconds.
+SWEEP_S = 1.0
+
+
+class _ThreadGone:
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[int, int | None]) -> None:
+        self.key = key
+
+    def __del__(self, gone: list[tuple[int, int | None]] = _gone) -> None:
+        # A list append: safe at any point of a thread's end. The list is
+        # bound here, since at interpreter exit the module's names are gone.
+        gone.append(self.key)
 
 
 def _after_fork_in_child() -> None:
@@ -239,6 +281,7 @@ def _after_fork_in_child() -> None:
     _pins_lock = threading.RLock()
     _warned_lock = threading.Lock()
     _pins.clear()
+    _gone.clear()
     _publishing = _dirty = False
 
 
@@ -270,18 +313,46 @@ def _warm_up() -> None:
         fn()
 
 
-@dataclass
 class Pin:
     """A registered pin of one thread; a context manager that restores the
-    thread's previous mask and unregisters the pin on exit."""
+    thread's previous mask and unregisters the pin on exit. ``_started`` is
+    the thread's start time, which tells it from a later thread that reuses
+    its tid. (A plain class: ``import cpupin`` does not pay for dataclasses.)"""
 
-    tid: int
-    cpus: frozenset[int]
-    previous: frozenset[int]
-    _released: bool = False
-    _started: int | None = None
-    """The thread's start time, which tells it from a later thread that
-    reuses its tid."""
+    __slots__ = ("tid", "cpus", "previous", "_released", "_started")
+
+    def __init__(
+        self,
+        tid: int,
+        cpus: frozenset[int],
+        previous: frozenset[int],
+        _released: bool = False,
+        _started: int | None = None,
+    ) -> None:
+        self.tid = tid
+        self.cpus = cpus
+        self.previous = previous
+        self._released = _released
+        self._started = _started
+
+    def __repr__(self) -> str:
+        return (
+            f"Pin(tid={self.tid}, cpus={format_cpulist(self.cpus)!r}, "
+            f"previous={format_cpulist(self.previous)!r}, released={self._released})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Pin):
+            return NotImplemented
+        return (self.tid, self.cpus, self.previous, self._released, self._started) == (
+            other.tid,
+            other.cpus,
+            other.previous,
+            other._released,
+            other._started,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
 
     def release(self) -> None:
         """Put the thread back on its previous mask and forget the pin.
@@ -349,10 +420,15 @@ def pin_current_thread(
     if name is not None:
         _name_current_thread(name)
     tid = _native.gettid()
-    started = start_time(0, tid)
+    started = _native.thread_start_time()
     # The name Python knows (a thread started from C or _thread gets a
     # placeholder), else the kernel's.
     label = threading.current_thread().name
+    kept = getattr(_sentinels, "by_tid", None)
+    if kept is None:
+        kept = _sentinels.by_tid = {}
+    if tid not in kept:
+        kept[tid] = _ThreadGone((tid, started))
     # Pinned and registered under the lock stray_threads() reads under.
     with _pins_lock:
         previous = _native.get_affinity()
@@ -370,12 +446,14 @@ def _publish() -> None:
     """This process's record of its pins in the lock directory (called with
     _pins_lock held): what ``cpupin ps`` and audits read from outside.
 
-    Only threads still running count (``/proc/self/task`` with their start
-    time, so that threads started from C or ``_thread`` count too): a pinned
-    thread that exited without releasing its pin leaves the record. A
+    Only threads still running count: a pinned thread that ended without
+    releasing its pin leaves the record at the next publish (Python frees
+    its sentinel when it ends), and at most every :data:`SWEEP_S` seconds
+    the others are checked in ``/proc/self/task`` with their start times
+    (for threads started from C or ``_thread``). A
     publish inside another (a signal handler's) leaves the writing to the
     outer one, which writes again with what changed."""
-    global _publishing, _dirty
+    global _publishing, _dirty, _last_sweep
     _dirty = True
     if _publishing:
         return
@@ -384,11 +462,19 @@ def _publish() -> None:
         while _dirty:
             _dirty = False
             # Snapshots: a signal handler may change the pins between two steps.
-            # The calling thread runs: only the others' start times are read.
-            me = _native.gettid()
-            for tid, pin in list(_pins.items()):
-                if tid != me and not _alive(tid, pin[3]):
-                    _pins.pop(tid, None)
+            while _gone:
+                tid, started = _gone.pop()
+                pin = _pins.get(tid)
+                if pin is not None and pin[3] == started:
+                    del _pins[tid]
+            now = time.monotonic()
+            if now - _last_sweep >= SWEEP_S:
+                # The calling thread runs: only the others' start times are read.
+                _last_sweep = now
+                me = _native.gettid()
+                for tid, pin in list(_pins.items()):
+                    if tid != me and not _alive(tid, pin[3]):
+                        _pins.pop(tid, None)
             registry.register_pins(
                 [
                     registry.Pinned(tid, name, cpus, role)

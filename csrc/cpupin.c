@@ -206,6 +206,41 @@ int cpupin_schedstat(int pid, int tid, unsigned long long *out3)
     return parse_schedstat(buf, out3);
 }
 
+/* The calling thread's start time in clock ticks since boot (field 22 of
+ * /proc/thread-self/stat, counted after the ')' that ends the name, which
+ * may itself hold spaces and parentheses): what tells a thread from a later
+ * one that reuses its tid. 0 or -errno. */
+int cpupin_thread_start(unsigned long long *out)
+{
+    char buf[1024];
+    ssize_t len;
+    char *p;
+    int fd = open("/proc/thread-self/stat", O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return -errno;
+    len = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (len <= 0)
+        return len < 0 ? -errno : -EINVAL;
+    buf[len] = '\0';
+    p = strrchr(buf, ')');
+    if (p == NULL)
+        return -EINVAL;
+    p++;
+    /* after ')': state is field 3; the start time is field 22 */
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p + 1, ' ');
+        if (p == NULL)
+            return -EINVAL;
+    }
+    p++;
+    if (*p < '0' || *p > '9')
+        return -EINVAL;
+    *out = strtoull(p, NULL, 10);
+    return 0;
+}
+
 /* A step clock's marks. One argument (cffi calls with more cost more):
  * s[0..3] the step's start: CLOCK_MONOTONIC ns, the run and wait ns of the
  * schedstat open at s[8], the cgroup's throttled ns from the cpu.stat open
@@ -887,6 +922,7 @@ int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, in
     return -ENOSYS;
 }
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3) { return -ENOSYS; }
+int cpupin_thread_start(unsigned long long *out) { return -ENOSYS; }
 int cpupin_step_begin(long long *s) { return -ENOSYS; }
 int cpupin_step_end(long long *s) { return -ENOSYS; }
 int cpupin_open_in_root(int rootfd, const char *path, int want_dir, unsigned int *mode)

@@ -26,6 +26,10 @@ int cpupin_mask_is(const uint64_t *want);
 /* One task's /proc/<pid>/task/<tid>/schedstat; tid 0 is the calling thread. */
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3);
 
+/* The calling thread's start time, in clock ticks since boot (field 22 of
+ * /proc/thread-self/stat). 0 or -errno. */
+int cpupin_thread_start(unsigned long long *out);
+
 /* A step clock's marks (the layout of s is in cpupin.c): the start, the
  * last step's differences, the schedstat and cpu.stat descriptors, the
  * cgroup version (0: none), the join window, then a ring of steps and

@@ -22,22 +22,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cpupin
-from cpupin.cgroup import ThrottleProbe, parse_cpu_stat, parse_pressure
 from cpupin.cpuplan import CpuPlan
 from cpupin.hosts import HOSTS, build_tree, host_named
-from cpupin.pools import (
-    FITS,
-    FROM_HOST,
-    OVERSUBSCRIBED,
-    POOL_VARS,
-    cpu_plan,
-    environment_advice,
-    pool_env,
-    pool_name,
-    verdict,
-)
+from cpupin.pool_census import FITS, FROM_HOST, OVERSUBSCRIBED, pool_name, verdict
+from cpupin.pools import POOL_VARS, cpu_plan, environment_advice, pool_env
 from cpupin.sampling import Sampler
 from cpupin.stepclock import BUCKETS_S
+from cpupin.throttle import ThrottleProbe, parse_cpu_stat, parse_pressure
 
 from .helpers import proc_schedstat, run
 

@@ -337,22 +337,48 @@ def test_a_squatted_record_name_is_passed_over(lock_dir, squat):
 
 
 FULL_DISK = """
-import os, resource, sys, cpupin
+import os, resource, sys, threading, cpupin
 from cpupin import registry
 pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="first")
 size = max(os.path.getsize(os.path.join(sys.argv[1], n)) for n in os.listdir(sys.argv[1]))
-resource.setrlimit(resource.RLIMIT_FSIZE, (size + 8, size + 8))  # a nearly full disk
-cpupin.pin_current_thread(cpupin.process_cpus(), role="second" * 5)  # a longer record
-print([p.role for p in registry.read_registry().pins_of(os.getpid())])
+if sys.argv[2] == "grow":  # a record that outgrows its slot, on a nearly full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 8, size + 8))
+    gate = threading.Barrier(81)
+    def pin_and_wait():
+        cpupin.pin_current_thread(cpupin.process_cpus(), role="many" * 8)
+        gate.wait()
+        gate.wait()
+    threads = [threading.Thread(target=pin_and_wait) for _ in range(80)]
+    for t in threads:
+        t.start()
+    gate.wait()
+else:  # a limit below the slot itself: a pwrite in place would be cut short
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size - 100, size - 100))
+    cpupin.pin_current_thread(cpupin.process_cpus(), role="second")
+found = registry.read_registry()
+print(sorted({p.role for p in found.pins_of(os.getpid())}), len(found.pins_of(os.getpid())),
+      len(found.ignored))
 print(sorted(n for n in os.listdir(sys.argv[1]) if n.endswith(".tmp")))
+if sys.argv[2] == "grow":
+    gate.wait()
 """
 
 
-def test_a_short_write_keeps_the_good_record(lock_dir):
-    out = run([sys.executable, "-c", FULL_DISK, str(lock_dir)])
+@pytest.mark.parametrize("how", ["grow", "limit below the slot"])
+def test_a_short_write_keeps_the_good_record(lock_dir, how):
+    """The record is replaced in place while it fits its slot; a write that
+    would be cut short (the slot above the file size limit, or a record
+    that outgrows its slot on a full disk) goes through a new file, which
+    fails whole: the last good record stays, readable, and nothing is left."""
+    out = run([sys.executable, "-c", FULL_DISK, str(lock_dir), how.split()[0]])
     assert out.returncode == 0, out.stderr
-    roles, tmps = out.stdout.splitlines()
-    assert roles == "['first']" and tmps == "[]"
+    found, tmps = out.stdout.splitlines()
+    roles, pins, ignored = found.rsplit(" ", 2)
+    assert tmps == "[]" and ignored == "0"
+    if how == "grow":  # as many of the 80 as fit in the slot, then no more
+        assert roles == "['first', 'manymanymanymanymanymanymanymany']" and 1 < int(pins) < 81
+    else:
+        assert roles == "['first']" and pins == "1"
 
 
 RELATIVE = """

@@ -12,6 +12,7 @@ user as a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
@@ -20,8 +21,6 @@ from collections.abc import Callable, Sequence
 from cpupin import __version__
 from cpupin.errors import excerpt
 
-from . import bind, doctor, handoff, plan, ps, threads, top, topo
-
 __all__ = ["REPORT", "build_parser", "main"]
 
 #: Where to report a bug, printed with an internal error.
@@ -29,19 +28,35 @@ REPORT = "https://github.com/cpupin/cpupin/issues"
 
 Handler = Callable[[argparse.Namespace], int]
 
-#: The subcommands in the order --help lists them.
-COMMANDS = (threads, topo, plan, top, handoff, bind, doctor, ps)
+#: The modules of the subcommands, in the order --help lists them.
+COMMANDS = ("threads", "topo", "plan", "top", "handoff", "bind", "doctor", "ps")
+
+#: Each subcommand to its module: a run imports that one alone (``cpupin
+#: exec`` starts a server's workers; it must cost little more than Python).
+MODULE_OF = {
+    "threads": "threads",
+    "audit": "threads",
+    "topo": "topo",
+    "plan": "plan",
+    "top": "top",
+    "handoff": "handoff",
+    "exec": "bind",
+    "doctor": "doctor",
+    "ps": "ps",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of subcommand ``only`` alone."""
     parser = argparse.ArgumentParser(
         prog="cpupin",
         description="Pin the threads of a GPU model-serving runtime to the right CPUs.",
     )
     parser.add_argument("--version", action="version", version=f"cpupin {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in COMMANDS:
-        command.register(sub)
+    modules = (MODULE_OF[only],) if only in MODULE_OF else COMMANDS
+    for name in modules:
+        importlib.import_module(f".{name}", __name__).register(sub)
     return parser
 
 
@@ -49,12 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line: 0 done, 1 an internal error (a bug of cpupin's,
     printed as one line unless ``CPUPIN_DEBUG=1``), 2 bad input or a request
     this host cannot meet; argparse's own errors exit 2 as well."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    first = next((w for w in words if not w.startswith("-")), None)
+    before = words[: words.index(first)] if first is not None else words
+    only = first if not {"-h", "--help", "--version"} & set(before) else None
+    parser = build_parser(only)
+    args = parser.parse_args(words)
     handler: Handler | None = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 0
+    if handler is None:  # no subcommand: say what there is, as for any bad input
+        parser.print_help(sys.stderr)
+        return 2
     name = f"cpupin {args.command}"
     try:
         return handler(args)

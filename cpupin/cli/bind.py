@@ -13,7 +13,6 @@ from cpupin.cpuplan import CpuPlan
 from cpupin.errors import excerpt
 from cpupin.pools import cpu_plan, pool_env
 from cpupin.process import ENV_PROCESS_CPUS, process_cpus
-from cpupin.server import resolve_devices
 
 from . import _args
 
@@ -97,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         host, _, mask = _args.load_host(args)
         mask = _args.mask_arg(args.mask, host, mask)
+        from cpupin.server import resolve_devices
+
         address = None if device is None else resolve_devices([device], host)[0]
         binding = decide_binding(
             host,

@@ -7,7 +7,7 @@ import os
 
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
-from cpupin.pools import census
+from cpupin.pool_census import census
 from cpupin.process import process_cpus, thread_masks
 from cpupin.sampling import audit, process_mask_of
 

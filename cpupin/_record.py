@@ -1,0 +1,145 @@
+"""The record format of the host's registry, shared by its writer
+(:mod:`cpupin.registry`) and its reader (:mod:`cpupin._registry_read`): the
+lock directory, a record's bytes (JSON with a CRC-32, in a fixed slot), its
+names and its limits."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import zlib
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from ._proc import START_CWD
+from .errors import printable
+
+#: The record format's version.
+VERSION = 1
+#: The bytes a lock file's record occupies (one page: one pwrite).
+SLOT = 4096
+#: The most bytes read of any record file.
+MAX_SIZE = 64 * 1024
+#: The environment variable naming the shared lock directory.
+ENV_LOCK_DIR = "CPUPIN_LOCK_DIR"
+#: Where the kernel lists every file lock.
+PROC_LOCKS = "/proc/locks"
+#: The most pins one process record lists.
+MAX_PINS = 4096
+#: The longest thread name or role a record keeps (longer ones are cut).
+MAX_NAME = 64
+#: The most record files one read opens; past this they are counted.
+MAX_RECORDS = 4096
+#: The most stale records and ignored files a read lists; past this, counted.
+MAX_LISTED = 200
+
+
+def lock_dir(directory: str | os.PathLike[str] | None = None) -> str:
+    """The shared lock directory: ``directory``, else ``$CPUPIN_LOCK_DIR``
+    (a relative one taken from the working directory the process had when
+    it imported cpupin), else ``/tmp``. The locks, the servers' records and
+    the pin records all live there."""
+    if directory is not None:
+        return os.fspath(directory)
+    value = os.environ.get(ENV_LOCK_DIR) or "/tmp"
+    if not os.path.isabs(value):
+        value = os.path.normpath(os.path.join(START_CWD, value))
+    return value
+
+
+# --- the record format ------------------------------------------------------
+
+
+def encode(record: Mapping[str, object], size: int | None = SLOT) -> bytes:
+    """A record as bytes: its JSON, a line with the JSON's CRC-32, and (with
+    ``size``) spaces up to that size. :class:`ValueError` when it does not
+    fit."""
+    body = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+    data = body + b"\n" + f"crc32={zlib.crc32(body):08x}\n".encode()
+    if size is None:
+        return data
+    if len(data) > size:
+        raise ValueError(f"a record of {len(data)} bytes does not fit in {size}")
+    return data.ljust(size, b" ")
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number out of range")
+    return value
+
+
+def _small_int(text: str) -> int:
+    if len(text) > 20:
+        raise ValueError("a number of more than 20 digits")
+    return int(text)
+
+
+def decode(raw: bytes) -> dict[str, object]:
+    """The record in ``raw``, checked; :class:`ValueError` with a short
+    reason for anything else (torn, foreign, malformed). Strict JSON only:
+    no NaN or Infinity, no number of more than 20 digits, no nesting deep
+    enough to exhaust the parser; nothing in ``raw`` raises anything else."""
+    text = raw.rstrip(b" \n\0")
+    body, _, check = text.rpartition(b"\n")
+    if not check.startswith(b"crc32=") or not body:
+        raise ValueError("no record (an empty or foreign file)")
+    try:
+        crc = int(check[6:14], 16)
+    except ValueError:
+        raise ValueError("a bad checksum line") from None
+    if zlib.crc32(body) != crc:
+        raise ValueError("the checksum does not match (torn or edited)")
+    try:
+        record = json.loads(
+            body, parse_constant=_no_constant, parse_float=_finite, parse_int=_small_int
+        )
+    except (ValueError, RecursionError):
+        raise ValueError("not JSON (or numbers out of range, or nested too deep)") from None
+    if not isinstance(record, dict) or type(record.get("version")) is not int:
+        raise ValueError(f"not a version-{VERSION} record")
+    if record["version"] != VERSION:
+        raise ValueError(f"not a version-{VERSION} record")
+    return record
+
+
+class Pinned(NamedTuple):
+    """One registered pin of a process."""
+
+    tid: int
+    name: str
+    cpus: frozenset[int]
+    role: str
+
+
+def open_lock_dir(where: str) -> int:
+    """The lock directory, opened as a directory without following a
+    symbolic link in its last component (as :func:`cpupin.claim_gpus` opens
+    it); ``OSError`` with a sentence otherwise."""
+    try:
+        return os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(where):
+            raise OSError(
+                exc.errno,
+                f"the lock directory {printable(where, 120)} is a symbolic link: name the "
+                "directory it points to",
+            ) from None
+        raise OSError(
+            exc.errno,
+            f"cannot open the lock directory {printable(where, 120)}: {exc.strerror}",
+        ) from None
+
+
+def _names(pid: int, started: int) -> list[str]:
+    """The names this process's record may take: its own, then a few
+    others for when another user squats the first (readers accept each)."""
+    base = f"cpupin-proc-{pid}-{started}"
+    return [f"{base}.json", *(f"{base}-{i}.json" for i in range(1, 4))]
