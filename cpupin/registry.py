@@ -131,8 +131,8 @@ def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
 
 
 def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
-    """Write this process's record of its deliberate pins (all of them), or
-    remove it when there are none.
+    """Write this process's record of its deliberate pins (all of them; none
+    left is a record with no pins, kept until exit).
 
     The record is a fixed slot (:data:`SLOT` bytes, doubled as it needs)
     written with one ``pwrite`` to a file kept open, and ends with the CRC-32
@@ -151,9 +151,10 @@ def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
         if _written is not None and _written[0] != where:
             _remove()  # the directory changed: the old record goes
         listed = sorted(pins)
-        if not listed:
-            _remove()
-            return
+        if not listed and _fd < 0:
+            return  # no record, and nothing to record
+        # A record with no pins left stays (until exit) rather than go: the
+        # next pin is then one pwrite, not a new file.
         data = _record_bytes(listed)
         if _fd >= 0 and len(data) <= _slot and _room(_slot):
             try:
