@@ -248,9 +248,7 @@ def get_affinity(tid: int = 0) -> frozenset[int]:
 _wanted: dict[frozenset[int], object] = {}
 
 
-def on_mask(cpus: frozenset[int]) -> bool:
-    """Whether the calling thread's mask is ``cpus``, in one native call with
-    no per-thread buffer: the cheapest check a new thread can make."""
+def _want(cpus: frozenset[int]) -> Any:
     want = _wanted.get(cpus)
     if want is None:
         words = (_encoded.get(cpus) or _encode(cpus, 0))[0]
@@ -258,6 +256,33 @@ def on_mask(cpus: frozenset[int]) -> bool:
         if len(_wanted) >= 64:
             _wanted.clear()
         _wanted[cpus] = want
+    return want
+
+
+def enter_thread(cpus: frozenset[int], name: str | None) -> int:
+    """A new thread's first call: onto ``cpus`` unless there already, then
+    (``name`` not ``None``) named in the kernel, in one native call: 1 moved,
+    0 already there, or ``-errno`` (nothing named: the caller takes the
+    slow way, :func:`set_affinity` and :func:`set_thread_name`)."""
+    want = _wanted.get(cpus)
+    if want is None:
+        want = _want(cpus)
+    if name is None:
+        return int(lib.cpupin_thread_enter(want, ffi.NULL))
+    if len(name) <= THREAD_NAME_BYTES and name.isascii() and "\0" not in name:
+        return int(lib.cpupin_thread_enter(want, name.encode()))
+    rc = int(lib.cpupin_thread_enter(want, ffi.NULL))
+    if rc >= 0:
+        set_thread_name(name)
+    return rc
+
+
+def on_mask(cpus: frozenset[int]) -> bool:
+    """Whether the calling thread's mask is ``cpus``, in one native call with
+    no per-thread buffer: the cheapest check a new thread can make."""
+    want = _wanted.get(cpus)
+    if want is None:
+        want = _want(cpus)
     rc = lib.cpupin_mask_is(want)
     if rc >= 0:
         return rc == 1

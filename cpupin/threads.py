@@ -158,9 +158,7 @@ class Thread(threading.Thread):
         def run_on_process_mask() -> None:
             try:
                 if get_ident() == self.ident:  # not a direct run() from another thread
-                    to_process_mask()
-                    if _NAME_THREADS:
-                        _native.set_thread_name(self.name)
+                    _enter(self.name)
                 run()
             finally:
                 restore()
@@ -177,6 +175,15 @@ class Thread(threading.Thread):
 _NAME_THREADS = sys.version_info < (3, 14)
 
 
+def _enter(name: str) -> None:
+    """A new thread's first step: onto the process mask and named, in one
+    native call; the slow way when the kernel refuses the mask."""
+    if _native.enter_thread(process_cpus(), name if _NAME_THREADS else None) < 0:
+        to_process_mask()
+        if _NAME_THREADS:
+            _native.set_thread_name(name)
+
+
 class _Initializer:
     """A pool's initializer: the move to the process mask, then the user's."""
 
@@ -186,9 +193,7 @@ class _Initializer:
         self.user = user
 
     def __call__(self, *args: object) -> None:
-        to_process_mask()
-        if _NAME_THREADS:
-            _native.set_thread_name(threading.current_thread().name)
+        _enter(threading.current_thread().name)
         if self.user is not None:
             self.user(*args)
 

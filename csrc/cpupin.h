@@ -22,6 +22,9 @@ int cpupin_set_affinity(uint64_t *io);
 /* Whether the calling thread's mask is want[1...] (want[0] words): 1 or 0,
  * or -errno. Needs no buffer of the caller's: a new thread's first check. */
 int cpupin_mask_is(const uint64_t *want);
+/* A new thread's first call: onto the mask want[1...] unless there, then
+ * (name not NULL) named. 1 moved, 0 already there, or -errno. */
+int cpupin_thread_enter(const uint64_t *want, const char *name);
 
 /* One task's /proc/<pid>/task/<tid>/schedstat; tid 0 is the calling thread. */
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3);
