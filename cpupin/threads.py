@@ -178,7 +178,11 @@ _NAME_THREADS = sys.version_info < (3, 14)
 def _enter(name: str) -> None:
     """A new thread's first step: onto the process mask and named, in one
     native call; the slow way when the kernel refuses the mask."""
-    if _native.enter_thread(process_cpus(), name if _NAME_THREADS else None) < 0:
+    try:
+        rc = _native.enter_thread(process_cpus(), name if _NAME_THREADS else None)
+    except ValueError:  # a CPU of the process mask is no longer online
+        rc = -1
+    if rc < 0:
         to_process_mask()
         if _NAME_THREADS:
             _native.set_thread_name(name)

@@ -181,6 +181,10 @@ int cpupin_thread_enter(const uint64_t *want, const char *name)
         io[1] = (uint64_t)nwords;
         memcpy(io + 2, want + 1, (size_t)nwords * 8);
         rc = affinity(io, 1);
+        /* The kernel keeps what its cpuset and online CPUs allow of a mask:
+         * less than asked is the caller's slow way too (it warns). */
+        if (rc >= 0 && memcmp(io + 2, want + 1, (size_t)nwords * 8) != 0)
+            rc = -EINVAL;
         if (io != stack)
             free(io);
         if (rc < 0)
