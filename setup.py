@@ -1,4 +1,23 @@
 # Only the cffi extension is built here; the metadata is in pyproject.toml.
-from setuptools import setup
+import sys
+from pathlib import Path
 
-setup(cffi_modules=["csrc/build.py:ffi"])
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "csrc"))
+from build import missing_prerequisites  # noqa: E402
+
+
+class CheckedBuildExt(build_ext):
+    """build_ext that first says, in one sentence, what the machine lacks
+    (a C compiler, Python's headers) instead of a compiler's traceback."""
+
+    def run(self) -> None:
+        missing = missing_prerequisites()
+        if missing:
+            sys.exit(missing)
+        super().run()
+
+
+setup(cffi_modules=["csrc/build.py:ffi"], cmdclass={"build_ext": CheckedBuildExt})
