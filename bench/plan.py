@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +43,7 @@ def main() -> None:
     big_gpu = big.gpus[9].address
     root = _built("dgx-h100")
     lock_dir = tempfile.mkdtemp(prefix="cpupin-bench-lock-")
+    atexit.register(shutil.rmtree, lock_dir, True)  # nothing left in /tmp
 
     def end_to_end() -> None:
         plan = plan_server(

@@ -252,10 +252,10 @@ def _place_cpu(
     start = next(core[0] for core in cores if first in core)
     upward = [core for core in cores if core[0] >= start and result not in core]
     if len(upward) < len(devices):
+        lower = "name a lower CPU, " if any(core[0] < start for core in cores) else ""
         raise PlanError(
             f"step_thread_core {first} leaves no allowed CPU for worker "
-            f"{len(upward)} in {mask}: name a lower CPU, widen the mask, or run "
-            "fewer workers"
+            f"{len(upward)} in {mask}: {lower}widen the mask, or run fewer workers"
         )
     workers = tuple(WorkerPlacement(d, upward[k]) for k, d in enumerate(devices))
     steps = "; ".join(f"worker {k} on {format_cpulist(w.cpus)}" for k, w in enumerate(workers))

@@ -64,9 +64,11 @@ class ThreadSample:
     last_cpu: int | None
     mask: frozenset[int]
     state: str
-    """``process mask``, ``pinned`` (a registered pin), ``stray`` (neither,
-    in this process) or ``narrower`` (another process's thread on a narrower
-    mask: from outside, a pin and a stray look the same)."""
+    """``process mask``, ``pinned`` (a registered pin: this process's, or
+    another's from its record in the lock directory), ``stray`` (neither, in
+    this process), and for another process ``interloper`` (not registered,
+    on CPUs the process pinned threads to) or ``narrower`` (not registered,
+    elsewhere; without a record every narrower thread is one of these)."""
     stall: str | None = None
     """For a thread that waited at least :data:`STALL_MS_PER_S`: ``quota``
     when the process's cgroup was throttled by its quota in the interval,
@@ -148,7 +150,8 @@ class Sampler:
             mask, pins = process_cpus(), pinned_threads()
         else:
             mask, _ = process_mask_of(pid or 0, list(masks.values()))
-            pins = {}
+            pins = {p.tid: p.cpus for p in registry_of(pid or 0, None).pins_of(pid or 0)}
+        pinned_cpus = frozenset().union(*pins.values())
         out = []
         for st, cpus in threads:
             before = self._first.get(st.tid)
@@ -156,10 +159,12 @@ class Sampler:
                 continue  # new in the interval (a reused tid reads less than before)
             if cpus == mask:
                 state = "process mask"
+            elif pins.get(st.tid) == cpus:
+                state = "pinned"
             elif own:
-                state = "pinned" if pins.get(st.tid) == cpus else "stray"
-            else:
-                state = "narrower"
+                state = "stray"
+            else:  # from outside, its record tells a registered pin from the rest
+                state = "interloper" if cpus <= pinned_cpus else "narrower"
             wait = (st.wait_ns - before.wait_ns) / 1e6 / wall_ms * 1000
             out.append(
                 ThreadSample(
@@ -278,6 +283,7 @@ def _sample(
     """Each live process sampled over the same interval, with its cgroup's
     throttling; a reason for one that exited meanwhile."""
     samplers: dict[int, Sampler | str] = {}
+    started = time.monotonic()
     for record in processes:
         try:
             samplers[record.pid] = Sampler(record.pid).start()
@@ -293,15 +299,22 @@ def _sample(
             out[pid] = (sampler.stop(), sampler.throttling)
         except (OSError, ValueError) as exc:
             out[pid] = str(exc)
+    _sampled[0] = time.monotonic() - started
     return out
+
+
+# How long the last _sample really took, start to stop of every process.
+_sampled = [0.0]
 
 
 def host_view(registry: Registry, interval: float) -> dict[str, object]:
     """The host's view (what ``cpupin ps`` shows) as one JSON-ready document:
     the registry's servers and processes, each live process's registered pins
-    sampled over ``interval`` seconds, the unregistered threads found on a
+    sampled over ``interval`` seconds (``sampled_s``: how long sampling every
+    process really took, 0 when none was live), the unregistered threads found on a
     pinned CPU (interlopers), and the files ignored with why."""
     live = [r for r in registry.records if r.kind == "process" and r.live]
+    _sampled[0] = 0.0
     samples = _sample(live, interval) if live else {}
     processes = []
     for record in (r for r in registry.records if r.kind == "process"):
@@ -352,6 +365,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
     return {
         "lock_dir": registry.directory,
         "interval_s": interval,
+        "sampled_s": round(_sampled[0], 3),
         "servers": [
             r.as_dict()
             for r in sorted(registry.records, key=lambda r: (not r.live, r.path))

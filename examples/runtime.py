@@ -283,7 +283,7 @@ def print_report(report: dict[str, object]) -> None:
     for t in report["threads"]:
         print(
             f"{t['process']:11} {t['name'][:16]:16} {t['cpu_ms_per_s']:>9.1f} "
-            f"{t['wait_ms_per_s']:>10.1f}  {t['mask']}"
+            f"{t['wait_ms_per_s']:>10.1f}  {t['mask_list']}"
         )
     stray = report["stray"]
     print(f"stray threads: {len(stray)}" + "".join(f"\n  {s}" for s in stray))

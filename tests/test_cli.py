@@ -271,13 +271,14 @@ def test_handoff_json_for_one_pair(capsys):
 
 
 @two_cpus
-def test_handoff_matrix_json_with_progress(capsys):
+def test_handoff_matrix_json_with_progress_on_a_terminal(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     assert main(["handoff", "--matrix", "--rounds", "100", "--json"]) == 0
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     n = len(data["cpus"])
     assert len(data["median_ns"]) == n and all(len(row) == n for row in data["median_ns"])
-    assert "pairs" in captured.err
+    assert "pairs" in captured.err and "\r[" in captured.err
 
 
 def test_handoff_matrix_plot(tmp_path, capsys):
@@ -362,3 +363,111 @@ def test_doctor_and_topo_agree_on_a_shipped_hosts_facts(capsys):
         assert main(["doctor", "--host", name]) == 0
         text = capsys.readouterr().out
         assert f"{len(topo['nodes'])} node(s)" in text
+
+
+# --- the command line as a person meets it -------------------------------------
+
+
+def test_cpupin_alone_prints_help_and_exits_2(capsys):
+    assert main([]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "usage: cpupin" in out.err and "exec" in out.err
+
+
+@pytest.mark.parametrize(
+    "command", ["threads", "audit", "topo", "plan", "top", "handoff", "exec", "doctor", "ps"]
+)
+def test_every_subcommands_help_opens_with_what_it_does(command):
+    out = subprocess.run(
+        [sys.executable, "-m", "cpupin", command, "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    paragraphs = out.stdout.split("\n\n")
+    assert paragraphs[0].startswith(f"usage: cpupin {command}")
+    said = paragraphs[1].strip()
+    assert (
+        said[0].isupper() and said.endswith(".") and not said.startswith(("positional", "options"))
+    )
+
+
+def test_threads_self_is_this_commands_own_threads(capsys):
+    assert main(["threads", "self", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pid"] == os.getpid()
+
+
+def test_ps_says_how_long_it_really_sampled(tmp_path, capsys):
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, cpupin; cpupin.pin_current_thread("
+         "cpupin.process_cpus()); print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)},
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline() == "ready\n"
+        assert main(["ps", "--lock-dir", str(tmp_path), "--interval", "0.2", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["interval_s"] == 0.2 and 0.2 <= data["sampled_s"] < 5
+        assert main(["ps", "--lock-dir", str(tmp_path), "--interval", "0.2"]) == 0
+        assert "sampled over 0.2" in capsys.readouterr().out
+    finally:
+        child.kill()
+        child.wait()
+
+
+TOPPED = """
+import os, sys, threading, cpupin
+cpu = min(cpupin.process_cpus())
+cpupin.Thread(target=threading.Event().wait, daemon=True).start()  # on the process mask
+cpupin.pin_current_thread({cpu}, role="step")
+def loose():
+    os.sched_setaffinity(0, {cpu})  # behind cpupin's back, on the pinned CPU
+    threading.Event().wait()
+threading.Thread(target=loose, daemon=True).start()
+print(threading.get_native_id(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_top_tells_a_registered_pin_from_an_interloper(tmp_path, capsys, two_cpus):
+    child = subprocess.Popen(
+        [sys.executable, "-c", TOPPED], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)},
+    )  # fmt: skip
+    try:
+        main_tid = int(child.stdout.readline())
+        os.environ["CPUPIN_LOCK_DIR"] = str(tmp_path)
+        try:
+            assert (
+                main(["top", str(child.pid), "--count", "1", "--interval", "0.05", "--json"]) == 0
+            )
+        finally:
+            del os.environ["CPUPIN_LOCK_DIR"]
+        (sample,) = json.loads(capsys.readouterr().out)["samples"]
+        states = {t["tid"]: t["state"] for t in sample["threads"]}
+        assert states[main_tid] == "pinned"
+        assert sorted(states.values()).count("interloper") == 1, states
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_advice_never_names_a_lower_cpu_when_there_is_none():
+    from cpupin.hosts import host_named
+
+    host = host_named("h100-vm")
+    cpus = sorted(host.cpus)[:6]
+    slots = [f"slot{i}" for i in range(8)]
+    for setting, lower in ((cpus[0], False), (cpus[2], True)):
+        with pytest.raises(cpupin.PlanError, match="leaves no allowed CPU") as err:
+            cpupin.place(host, frozenset(cpus), slots, setting)
+        assert ("name a lower CPU" in str(err.value)) == lower, str(err.value)
+
+
+def test_a_progress_bar_is_drawn_on_a_terminal_only(two_cpus):
+    out = subprocess.run(
+        [sys.executable, "-m", "cpupin", "handoff", "--matrix", "--rounds", "20"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "\r" not in out.stderr and "pairs" not in out.stderr

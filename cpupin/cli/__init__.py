@@ -57,6 +57,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     modules = (MODULE_OF[only],) if only in MODULE_OF else COMMANDS
     for name in modules:
         importlib.import_module(f".{name}", __name__).register(sub)
+    # Each subcommand's --help opens with what it does: its line in the list.
+    for action in sub._choices_actions:
+        command = sub.choices[action.dest]
+        if command.description is None and action.help:
+            command.description = action.help[0].upper() + action.help[1:] + "."
     return parser
 
 

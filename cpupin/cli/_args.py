@@ -64,6 +64,8 @@ def pid_or_self(text: str) -> int | None:
     try:
         return pid(text)
     except argparse.ArgumentTypeError:
+        if text.strip().isascii() and text.strip().isdigit():
+            raise  # a number out of range: what whole() says names it
         raise argparse.ArgumentTypeError(
             f"{excerpt(text)} is not a pid: give a process id from 1 to {PID_LIMIT - 1}, or self"
         ) from None

@@ -117,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if args.matrix:
 
         def progress(done: int, total: int) -> None:
+            if not sys.stderr.isatty():  # a log file gets no redrawn bar
+                return
             bar = "#" * (30 * done // total)
             print(f"\r[{bar:<30}] {done}/{total} pairs", end="", file=sys.stderr, flush=True)
 

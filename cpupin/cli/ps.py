@@ -69,7 +69,12 @@ def _text(data: dict[str, object]) -> None:
     print(
         f"cpupin ps: lock directory {printable(str(data['lock_dir']), 120)}; "
         f"{len(live_servers)} server(s), "
-        f"{len(live_procs)} process(es) with pins; sampled over {data['interval_s']:g} s"
+        f"{len(live_procs)} process(es) with pins; "
+        + (
+            f"sampled over {data['sampled_s']:.3g} s (asked {data['interval_s']:g} s)"
+            if data["sampled_s"]
+            else "nothing live to sample"
+        )
     )
     print(f"{'SERVER':8} {'pid':>8}  {'setting':8} {'result':>6}  GPUs and step CPUs")
     for s in live_servers:

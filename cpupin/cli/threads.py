@@ -20,7 +20,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "threads", help="list a process's threads with CPU time, run-queue wait and last CPU"
     )
     threads.add_argument(
-        "pid", nargs="?", type=_args.pid, help="process id (default: this process)"
+        "pid",
+        nargs="?",
+        type=_args.pid_or_self,
+        help="process id, or self for this command's own threads (the default)",
     )
     threads.add_argument("--json", action="store_true", help="print JSON")
     threads.set_defaults(handler=run_threads)
