@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import shutil
-
 import sys
 import tempfile
 from pathlib import Path

@@ -35,9 +35,7 @@ def make_ffi(stubs: bool = False, release_gil: bool = False) -> FFI:
     return built
 
 
-def missing_prerequisites(
-    cc: str | None = None, include: str | None = None
-) -> str | None:
+def missing_prerequisites(cc: str | None = None, include: str | None = None) -> str | None:
     """What the build lacks, as one sentence, or ``None``: a C compiler
     (``$CC``, else the one Python was built with) and Python's headers
     (``Python.h`` in ``include``, else Python's include directory)."""
