@@ -6,8 +6,12 @@ import errno
 import json
 import logging
 import os
+import re
+import subprocess
 import sys
+import textwrap
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -492,3 +496,55 @@ def test_spawned_workers_bind_themselves_or_start_bound_through_a_wrapper(tmp_pa
     assert binding_["memory"] == {"policy": "bind", "nodes": [0]} and mode == 2
     assert mask == sorted(binding_["cpus"])[-1:]  # the step pin validated inside the node
     assert wrapped_mode == 1 and wrapped_cpus  # preferred, with the bound mask passed on
+
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+WORKER = """
+import json, os, sys
+import cpupin
+from cpupin import _native
+
+def worker_main(index):
+    print(json.dumps([index, _native.get_mempolicy()[0], os.environ.get("CPUPIN_PROCESS_CPUS"),
+                      os.environ.get("WORKER_DEVICE")]), flush=True)
+
+if __name__ == "__main__":
+    n_workers = 2
+RECIPE
+    tracker = resource_tracker._resource_tracker._pid
+    with open(f"/proc/{tracker}/environ", "rb") as f:
+        print(json.dumps(b"CPUPIN_PROCESS_CPUS=" in f.read()), flush=True)
+"""
+
+
+def test_the_readmes_bound_python_recipe_runs_without_path(tmp_path):
+    """The README's wrapper and spawn loop as written, but for two changes:
+    the interpreter is this one, and --node 0 stands for --device (this
+    machine has no GPU). PATH names nothing: the absolute paths carry it.
+    Each worker starts bound with its own WORKER_DEVICE; the resource
+    tracker, started first through the same wrapper, runs unbound."""
+    wrapper_text = re.search(r"```sh\n(#!/bin/sh\n# /opt/serve/bound-python.*?)```", README, re.S)
+    recipe = re.search(r"```py\n(import multiprocessing, os\n.*?)```", README, re.S)
+    assert wrapper_text and recipe
+    wrapper = tmp_path / "bound-python"
+    text = wrapper_text.group(1).replace("/opt/serve/venv/bin/python", sys.executable)
+    wrapper.write_text(text.replace('--device "$WORKER_DEVICE"', "--node 0"))
+    wrapper.chmod(0o755)
+    body = recipe.group(1).replace("/opt/serve/bound-python", str(wrapper))
+    script = tmp_path / "serve.py"
+    script.write_text(WORKER.replace("RECIPE", textwrap.indent(body, "    ")))
+    env = {k: v for k, v in os.environ.items() if k not in ("CPUPIN_PROCESS_CPUS", "WORKER_DEVICE")}
+    env["PATH"] = "/nonexistent"
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]  # in any order
+    workers = [line for line in lines if isinstance(line, list)]
+    (tracker_bound,) = [line for line in lines if isinstance(line, bool)]
+    assert sorted(w[0] for w in workers) == [0, 1]
+    for index, mode, cpus, device in workers:
+        assert device == str(index) and mode == 1 and cpus  # bound: preferred policy, mask passed
+    assert tracker_bound is False

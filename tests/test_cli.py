@@ -471,3 +471,11 @@ def test_a_progress_bar_is_drawn_on_a_terminal_only(two_cpus):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "\r" not in out.stderr and "pairs" not in out.stderr
+
+
+def test_an_off_plan_of_many_servers_says_it_once(capsys):
+    assert main(["plan", "--host", "dgx-h100", "--all-gpus", "--setting", "off"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("  all 8 servers pin nothing: step_thread_core is off")
+    assert sum("pin nothing" in line or "pins nothing" in line for line in out) == 1
+    assert "with auto instead of off" in "\n".join(out)  # what auto would do follows

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from cpupin.binding import memory_binding_check
 from cpupin.cpulist import format_cpulist
 from cpupin.cpuplan import CpuPlan
-from cpupin.doctor import diagnose, measure_host
+from cpupin.doctor import Diagnosis, diagnose, measure_host
 from cpupin.pools import cpu_plan, environment_advice
 from cpupin.process import process_cpus
 from cpupin.topology import Host, read_host
@@ -27,7 +28,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     doctor.set_defaults(handler=run)
 
 
+@dataclass
+class _Report:
+    """What the doctor found: the verdict and the facts behind it."""
+
+    host: Host
+    title: str
+    mask: frozenset[int]
+    diagnosis: Diagnosis
+    plan: CpuPlan
+    problems: list[str]
+    advice: dict[str, int]
+    memory_ok: bool | None
+    memory_why: str
+
+
 def run(args: argparse.Namespace) -> int:
+    report = _examine(args)
+    if args.json:
+        _print_json(report)
+    else:
+        _print_text(report)
+    return 0
+
+
+def _examine(args: argparse.Namespace) -> _Report:
+    """Read the host, measure handoffs where it is this machine (or
+    --measure-here), judge, and check the pools and memory binding."""
     host, title, mask = _args.load_host(args)
     here = not (args.host or args.root)
     handoffs = None
@@ -39,29 +66,38 @@ def run(args: argparse.Namespace) -> int:
     diagnosis = diagnose(host, handoffs, measured_on)
     plan = cpu_plan() if here else CpuPlan.for_host(host, mask)
     problems, advice = environment_advice(plan, len(host.cpus))
-    pools = {"usable_cpus": plan.usable_cpus, "problems": problems, "set": advice}
     memory_ok: bool | None = None
     memory_why = "binding not checked (not this machine)"
     if here:
         memory_ok, memory_why = memory_binding_check()
-    if args.json:
-        facts = host.as_dict()
-        _args.print_json(
-            {
-                "host": title,
-                **{k: facts[k] for k in ("cpus", "smt", "nodes", "gpus", "hypervisor")},
-                "cores": len(host.cores),
-                "mask": sorted(mask),
-                "mask_list": format_cpulist(mask),
-                "quota": facts["quota"],
-                **diagnosis.as_dict(),
-                "memory_binding": {"possible": memory_ok, "why": memory_why},
-                "pools": pools,
-            }
-        )
-        return 0
+    return _Report(host, title, mask, diagnosis, plan, problems, advice, memory_ok, memory_why)
+
+
+def _print_json(r: _Report) -> None:
+    facts = r.host.as_dict()
+    _args.print_json(
+        {
+            "host": r.title,
+            **{k: facts[k] for k in ("cpus", "smt", "nodes", "gpus", "hypervisor")},
+            "cores": len(r.host.cores),
+            "mask": sorted(r.mask),
+            "mask_list": format_cpulist(r.mask),
+            "quota": facts["quota"],
+            **r.diagnosis.as_dict(),
+            "memory_binding": {"possible": r.memory_ok, "why": r.memory_why},
+            "pools": {
+                "usable_cpus": r.plan.usable_cpus,
+                "problems": r.problems,
+                "set": r.advice,
+            },
+        }
+    )
+
+
+def _print_text(r: _Report) -> None:
+    host, diagnosis = r.host, r.diagnosis
     deepest = diagnosis.deepest_idle_state
-    print(f"cpupin doctor: {title}")
+    print(f"cpupin doctor: {r.title}")
     print(
         f"host     {len(host.cpus)} CPUs, {len(host.cores)} cores, SMT "
         f"{'on' if host.smt else 'off'}, {_nodes(host)}, "
@@ -76,19 +112,20 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     quota = f"{host.quota.cpus} CPU(s)" if host.quota else "none"
-    print(f"mask     {format_cpulist(mask)}; cgroup quota {quota}")
-    if memory_ok is None:
-        print(f"memory   {memory_why}")
+    print(f"mask     {format_cpulist(r.mask)}; cgroup quota {quota}")
+    if r.memory_ok is None:
+        print(f"memory   {r.memory_why}")
     else:
-        print(f"memory   binding {'possible' if memory_ok else 'not possible'}: {memory_why}")
-    _print_pools(plan.usable_cpus, problems, advice)
+        verdict = "possible" if r.memory_ok else "not possible"
+        print(f"memory   binding {verdict}: {r.memory_why}")
+    _print_pools(r.plan.usable_cpus, r.problems, r.advice)
     if diagnosis.handoff:
-        print(f"handoff  one way, median (p99), measured on {measured_on}:")
-        for kind, r in diagnosis.handoff.items():
-            cost = r.wake_median_ns if r.wake_median_ns and r.idle_us else r.median_ns
+        print(f"handoff  one way, median (p99), measured on {diagnosis.measured_on}:")
+        for kind, h in diagnosis.handoff.items():
+            cost = h.wake_median_ns if h.wake_median_ns and h.idle_us else h.median_ns
             print(
-                f"  {kind:18} CPUs {r.cpus[0]},{r.cpus[1]}: {cost / 1000:8.1f} µs "
-                f"({r.p99_ns / 1000:.1f} µs)"
+                f"  {kind:18} CPUs {h.cpus[0]},{h.cpus[1]}: {cost / 1000:8.1f} µs "
+                f"({h.p99_ns / 1000:.1f} µs)"
             )
     else:
         print("handoff  not measured (a shipped host); --measure-here uses this machine's")
@@ -101,7 +138,6 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"verdict  {diagnosis.verdict}: {action}")
     print(f"why      {diagnosis.why}")
-    return 0
 
 
 def _nodes(host: Host) -> str:

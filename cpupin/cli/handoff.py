@@ -7,7 +7,14 @@ import sys
 
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import excerpt
-from cpupin.handoff import format_pair, handoff, handoff_matrix, handoff_python, pair_kinds
+from cpupin.handoff import (
+    HandoffResult,
+    format_pair,
+    handoff,
+    handoff_matrix,
+    handoff_python,
+    pair_kinds,
+)
 from cpupin.process import process_cpus
 from cpupin.topology import read_host
 
@@ -86,6 +93,19 @@ def _need_matplotlib() -> None:
 
 def run(args: argparse.Namespace) -> int:
     mask = process_cpus()
+    _check(args, mask)
+    if args.matrix:
+        grid = _measure_matrix(args, mask)
+        _print_matrix(args, grid, sorted(mask))
+        return 0
+    results = _measure_pairs(args, mask)
+    _print_pairs(args, results)
+    return 0
+
+
+def _check(args: argparse.Namespace, mask: frozenset[int]) -> None:
+    """Every combination of arguments this mask cannot honour, refused
+    before anything is measured."""
     if args.plot and not args.matrix:
         raise ValueError("--plot draws the --matrix: add --matrix")
     if args.cpus is not None and args.matrix:
@@ -114,40 +134,49 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.plot:
         _need_matplotlib()
-    if args.matrix:
 
-        def progress(done: int, total: int) -> None:
-            if not sys.stderr.isatty():  # a log file gets no redrawn bar
-                return
-            bar = "#" * (30 * done // total)
-            print(f"\r[{bar:<30}] {done}/{total} pairs", end="", file=sys.stderr, flush=True)
 
-        grid = handoff_matrix(
-            mask, rounds=args.rounds, idle_us=args.idle_us, spin=args.spin, progress=progress
-        )
+def _measure_matrix(args: argparse.Namespace, mask: frozenset[int]) -> dict[tuple[int, int], float]:
+    def progress(done: int, total: int) -> None:
+        if not sys.stderr.isatty():  # a log file gets no redrawn bar
+            return
+        bar = "#" * (30 * done // total)
+        print(f"\r[{bar:<30}] {done}/{total} pairs", end="", file=sys.stderr, flush=True)
+
+    grid = handoff_matrix(
+        mask, rounds=args.rounds, idle_us=args.idle_us, spin=args.spin, progress=progress
+    )
+    if sys.stderr.isatty():
         print(file=sys.stderr)
-        cpus = sorted(mask)
-        if args.plot:
-            _plot(grid, cpus, args.plot)
-        if args.json:
-            _args.print_json(
-                {
-                    "mode": "spin" if args.spin else "futex",
-                    "idle_us": args.idle_us,
-                    "rounds": args.rounds,
-                    "cpus": cpus,
-                    "median_ns": [[grid.get((a, b)) for b in cpus] for a in cpus],
-                }
-            )
-            return 0
-        print("one-way handoff, median ns (rows: A, columns: B)")
-        print("      " + "".join(f"{b:>9}" for b in cpus))
-        for a in cpus:
-            print(
-                f"{a:>5} "
-                + "".join(f"{grid[(a, b)]:>9.0f}" if (a, b) in grid else f"{'-':>9}" for b in cpus)
-            )
-        return 0
+    return grid
+
+
+def _print_matrix(
+    args: argparse.Namespace, grid: dict[tuple[int, int], float], cpus: list[int]
+) -> None:
+    if args.plot:
+        _plot(grid, cpus, args.plot)
+    if args.json:
+        _args.print_json(
+            {
+                "mode": "spin" if args.spin else "futex",
+                "idle_us": args.idle_us,
+                "rounds": args.rounds,
+                "cpus": cpus,
+                "median_ns": [[grid.get((a, b)) for b in cpus] for a in cpus],
+            }
+        )
+        return
+    print("one-way handoff, median ns (rows: A, columns: B)")
+    print("      " + "".join(f"{b:>9}" for b in cpus))
+    for a in cpus:
+        print(
+            f"{a:>5} "
+            + "".join(f"{grid[(a, b)]:>9.0f}" if (a, b) in grid else f"{'-':>9}" for b in cpus)
+        )
+
+
+def _measure_pairs(args: argparse.Namespace, mask: frozenset[int]) -> dict[str, HandoffResult]:
     if args.cpus is not None:
         pairs = {format_pair(args.cpus): args.cpus}
     else:
@@ -166,10 +195,14 @@ def run(args: argparse.Namespace) -> int:
                 idle_us=args.idle_us,
                 spin=args.spin,
             )
+    return results
+
+
+def _print_pairs(args: argparse.Namespace, results: dict[str, HandoffResult]) -> None:
     if args.json:
         rows = [{"kind": kind, **r.as_dict()} for kind, r in results.items()]
         _args.print_json(rows[0] if args.cpus is not None else rows)
-        return 0
+        return
     print(
         f"one-way handoff, ns ({next(iter(results.values())).mode}"
         + (f", sender idle {args.idle_us} µs first" if args.idle_us else "")
@@ -185,7 +218,6 @@ def run(args: argparse.Namespace) -> int:
             f"  {kind:14} {format_pair(r.cpus):>9} {r.median_ns:>9.0f} {r.p90_ns:>9.0f} "
             f"{r.p99_ns:>9.0f}{wake}"
         )
-    return 0
 
 
 def _plot(grid: dict[tuple[int, int], float], cpus: list[int], path: str) -> None:

@@ -156,6 +156,12 @@ def _servers(
 def _draw(host: Host, allowed: frozenset[int], placements: list[Placement]) -> None:
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     owner: dict[int, str] = {}
+    reasons = {p.reason for p in placements}
+    if len(placements) > 1 and not any(p.pinned for p in placements) and len(reasons) == 1:
+        # Every server pins nothing for one reason (off): say it once, not a line each.
+        print(f"  all {len(placements)} servers pin nothing: {placements[0].reason}")
+        print(f"  (pools: {_usable(host, allowed, placements[0])} usable CPU(s) each)")
+        return
     for i, p in enumerate(placements):
         letter = letters[i % 26]
         pools = f"; pools: {_usable(host, allowed, p)} usable CPU(s)"
