@@ -254,19 +254,24 @@ def _read(fd: int) -> bytes:
         os.close(fd)
 
 
+#: Reads of a record that races its writer before it is refused as torn.
+_READS = 10
+
+
 def _decode(fd: int) -> dict[str, object] | None:
     """The record in the file open at ``fd`` (closed after); ``None`` when it
     holds none yet. A read that races a writer's pwrite has a bad checksum:
-    it is read again, up to three times, before the record is refused."""
+    it is read again, up to :data:`_READS` times, before the record is
+    refused."""
     try:
-        for attempt in range(3):
+        for attempt in range(_READS):
             raw = os.pread(fd, MAX_SIZE, 0)
             if not raw.strip(b" \n\0"):
                 return None
             try:
                 return decode(raw)
             except ValueError as exc:
-                if attempt == 2 or "checksum does not match" not in str(exc):
+                if attempt == _READS - 1 or "checksum does not match" not in str(exc):
                     raise
     finally:
         os.close(fd)

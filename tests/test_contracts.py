@@ -181,3 +181,45 @@ def test_no_module_imports_one_that_imports_it_back():
 
     assert {name for name in graph if name in reach(name)} == set()
     assert "cpupin.cgroup" not in graph["cpupin.cgroup"] and graph["cpupin.cli.topo"]
+
+
+LIGHT_IMPORT = """
+import sys
+import cpupin
+heavy = ["logging", "concurrent.futures", "dataclasses", "argparse",
+         "cpupin.topology", "cpupin._registry_read", "cpupin.cli", "cpupin.sampling",
+         "cpupin.hosts", "cpupin.binding", "cpupin.server"]
+print(sorted(m for m in heavy if m in sys.modules))
+from cpupin.cli import build_parser
+build_parser("exec")
+print(sorted(m for m in sys.modules if m.startswith("cpupin.cli.")))
+"""
+
+
+def test_import_cpupin_loads_only_what_pinning_needs():
+    """What ``import cpupin`` costs is what it loads (timed in
+    bench/startup.py): pinning and the process mask, not the topology, the
+    registry's reader, the CLI or the standard library's logging,
+    dataclasses and concurrent.futures. ``cpupin exec`` loads its own
+    subcommand's module alone."""
+    out = subprocess.run(
+        [sys.executable, "-c", LIGHT_IMPORT], capture_output=True, text=True, check=True
+    )
+    loaded, cli = out.stdout.splitlines()
+    assert loaded == "[]", loaded
+    assert cli == "['cpupin.cli._args', 'cpupin.cli.bind']", cli
+
+
+def test_every_public_name_resolves_and_none_is_shadowed_by_a_module():
+    import importlib
+    import pkgutil
+
+    import cpupin
+
+    for info in pkgutil.walk_packages(cpupin.__path__, "cpupin."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)  # importing a submodule sets an attribute
+    for name in cpupin.__all__:
+        value = getattr(cpupin, name)
+        assert not isinstance(value, type(cpupin)), f"cpupin.{name} is a module"
+    assert callable(cpupin.census) and callable(cpupin.ThreadPool)

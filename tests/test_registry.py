@@ -436,3 +436,44 @@ def test_ps_prometheus_prints_every_registered_process(lock_dir, capsys):
     finally:
         child.stdin.close()
         child.wait()
+
+
+HAMMER = """
+import sys, threading, cpupin
+cpus = cpupin.process_cpus()
+stop = threading.Event()
+def churn(role):
+    while not stop.is_set():
+        cpupin.pin_current_thread(cpus, role=role, name=role).release()
+threads = [threading.Thread(target=churn, args=(f"r{i}" * (1 + 7 * i),)) for i in range(3)]
+cpupin.pin_current_thread(cpus, role="main")  # the record exists before the churn
+for t in threads:
+    t.start()
+print("ready", flush=True)
+sys.stdin.readline()
+stop.set()
+for t in threads:
+    t.join()
+"""
+
+
+def test_a_record_rewritten_in_place_is_never_read_torn(tmp_path):
+    """Three threads pin and release as fast as they can, each a pwrite of
+    the record's slot, while this process reads it 300 times: every read
+    finds a whole record (a torn one is read again), never an ignored file."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HAMMER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)},
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline() == "ready\n"
+        seen = set()
+        for _ in range(300):
+            found = registry.read_registry(tmp_path)
+            assert not found.ignored, found.ignored
+            (record,) = [r for r in found.records if r.pid == child.pid]
+            assert record.live
+            seen.update(p.role for p in record.pins)
+        assert "main" in seen and seen <= {"main", "r0", "r1" * 8, "r2" * 15}
+    finally:
+        child.communicate("\n", timeout=60)
