@@ -113,58 +113,58 @@ def run(args: argparse.Namespace) -> int:
     autos = (
         [place(host, allowed, devices, "auto") for devices in servers] if setting == "off" else None
     )
+    base = CpuPlan.for_host(host, allowed)
     if args.json:
         data: dict[str, object] = {
             "setting": str(setting),
             "mask": sorted(allowed),
             "mask_list": format_cpulist(allowed),
-            "servers": _servers(host, allowed, placements),
+            "servers": _servers(base, placements),
         }
         if autos is not None:
-            data["with_auto"] = {"setting": "auto", "servers": _servers(host, allowed, autos)}
+            data["with_auto"] = {"setting": "auto", "servers": _servers(base, autos)}
         _args.print_json(data)
         return 0
     print(
         f"{title}\nsetting {setting}, mask {format_cpulist(allowed)} ({len(allowed)} CPUs); "
         "a dry run: no lock taken"
     )
-    _draw(host, allowed, placements)
+    _draw(host, allowed, placements, base)
     if autos is not None:
         print("with auto instead of off (what auto would do on this host and mask):")
-        _draw(host, allowed, autos)
+        _draw(host, allowed, autos, base)
     return 0
 
 
-def _usable(host: Host, allowed: frozenset[int], p: Placement) -> int:
-    """The CPUs a server's pools may use: the mask under the host's quota,
-    less what the placement pins."""
-    return CpuPlan.for_host(host, allowed, p.cpus).usable_cpus
+def _usable(base: CpuPlan, p: Placement) -> int:
+    """The CPUs a server's pools may use: the mask under the host's quota
+    (``base``, made once a command: on a 65,536-CPU host it is the costly
+    part), less what the placement pins."""
+    return base.with_pinned(p.cpus).usable_cpus
 
 
-def _servers(
-    host: Host, allowed: frozenset[int], placements: list[Placement]
-) -> list[dict[str, object]]:
+def _servers(base: CpuPlan, placements: list[Placement]) -> list[dict[str, object]]:
     return [
         {
             **{k: v for k, v in p.as_dict().items() if k != "setting"},
-            "usable_cpus": _usable(host, allowed, p),
+            "usable_cpus": _usable(base, p),
         }
         for p in placements
     ]
 
 
-def _draw(host: Host, allowed: frozenset[int], placements: list[Placement]) -> None:
+def _draw(host: Host, allowed: frozenset[int], placements: list[Placement], base: CpuPlan) -> None:
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     owner: dict[int, str] = {}
     reasons = {p.reason for p in placements}
     if len(placements) > 1 and not any(p.pinned for p in placements) and len(reasons) == 1:
         # Every server pins nothing for one reason (off): say it once, not a line each.
         print(f"  all {len(placements)} servers pin nothing: {placements[0].reason}")
-        print(f"  (pools: {_usable(host, allowed, placements[0])} usable CPU(s) each)")
+        print(f"  (pools: {_usable(base, placements[0])} usable CPU(s) each)")
         return
     for i, p in enumerate(placements):
         letter = letters[i % 26]
-        pools = f"; pools: {_usable(host, allowed, p)} usable CPU(s)"
+        pools = f"; pools: {_usable(base, p)} usable CPU(s)"
         if p.pinned:
             steps = "; ".join(f"{w.device} on {format_cpulist(w.cpus)}" for w in p.workers)
             print(f"  {letter}  step {steps}; result on {p.result_cpu}{pools}")

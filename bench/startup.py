@@ -1,0 +1,78 @@
+"""What starting costs: ``import cpupin`` and ``cpupin exec`` against a bare
+Python and the tools a launcher would otherwise use, in the same rounds.
+
+Each case is a whole process, timed from the parent; medians of
+``--rounds``, the cases interleaved. cpupin's bytecode is compiled first, as
+a wheel's install compiles it (a machine that sets PYTHONDONTWRITEBYTECODE
+would otherwise compile every module at every start). ``numactl`` is timed
+where it is installed, ``taskset`` always.
+
+    python bench/startup.py [--rounds 31]
+"""
+
+from __future__ import annotations
+
+import compileall
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _env import start  # noqa: E402
+
+
+def main() -> None:
+    args = start(__doc__ or "")
+    import cpupin
+
+    package = Path(cpupin.__file__).parent
+    compileall.compile_dir(str(package), quiet=1)
+    print(f"bytecode    compiled under {package}")
+    script = Path(sys.executable).with_name("cpupin")
+    python = [sys.executable]
+    cases = {
+        "python -c pass": [*python, "-c", "pass"],
+        "python -c 'import cpupin'": [*python, "-c", "import cpupin"],
+        "cpupin exec --node 0 -- true": [str(script), "exec", "--node", "0", "--", "true"],
+        "python -m cpupin exec --node 0 -- true": [
+            *python,
+            "-m",
+            "cpupin",
+            "exec",
+            "--node",
+            "0",
+            "--",
+            "true",
+        ],
+        "taskset -c 0 true": ["taskset", "-c", str(min(os.sched_getaffinity(0))), "true"],
+    }
+    if shutil.which("numactl"):
+        cases["numactl --cpunodebind=0 --preferred=0 true"] = [
+            "numactl",
+            "--cpunodebind=0",
+            "--preferred=0",
+            "true",
+        ]
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.rounds):
+        for name, cmd in cases.items():
+            t = time.perf_counter_ns()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
+            samples[name].append((time.perf_counter_ns() - t) / 1e6)
+    base = statistics.median(samples["python -c pass"])
+    print()
+    print("| process | median | over python -c pass | / python -c pass |")
+    print("|---|---|---|---|")
+    for name, values in samples.items():
+        m = statistics.median(values)
+        print(f"| `{name}` | {m:.1f} ms | {m - base:+.1f} ms | {m / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
