@@ -685,6 +685,21 @@ def get_mempolicy() -> tuple[int, frozenset[int]]:
 THREAD_NAME_BYTES = 15
 
 
+def thread_name_bytes(name: str) -> bytes:
+    """``name`` as the kernel takes it: 15 bytes of UTF-8 at most, cut on a
+    character boundary, no NUL (for :data:`set_thread_name_bytes`)."""
+    if len(name) <= THREAD_NAME_BYTES and name.isascii() and "\0" not in name:
+        return name.encode()
+    raw = name.encode("utf-8", "replace")[:THREAD_NAME_BYTES]
+    return raw.decode("utf-8", "ignore").encode("utf-8").replace(b"\0", b"?")
+
+
+#: The C call that names the calling thread, for bytes made by
+#: :func:`thread_name_bytes` ahead of time: a new thread's first step pays
+#: one call and nothing else (returns 0 or -errno).
+set_thread_name_bytes = lib.cpupin_set_thread_name
+
+
 def set_thread_name(name: str) -> int:
     """Give the calling thread the kernel name ``name`` (what ``top -H``,
     ``ps -L``, ``perf`` and ``py-spy`` show), cut to 15 bytes of UTF-8 on a

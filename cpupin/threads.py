@@ -126,21 +126,56 @@ class Thread(threading.Thread):
     """A ``threading.Thread`` that starts on the process mask, whatever its
     creator's mask.
 
-    Used exactly like ``threading.Thread``. :meth:`start` arranges for the new
-    thread to move to :func:`~cpupin.process_cpus` before any user code runs,
-    whatever ``run`` resolves to: a ``target``, a subclass's ``run`` that
-    never calls ``super().run()``, a mixin's ``run``, or a ``run`` assigned on
-    the instance. A direct ``t.run()`` call runs on the caller's thread and
-    mask, as it would with ``threading.Thread``.
+    Used exactly like ``threading.Thread``. The new thread moves to
+    :func:`~cpupin.process_cpus` before any user code runs, whatever ``run``
+    resolves to (a ``target``, a subclass's or a mixin's ``run``, one
+    assigned on the instance); a direct ``t.run()`` call runs on the
+    caller's thread and mask, as it would with ``threading.Thread``.
 
     The new thread also takes :attr:`name` as its kernel name (the first 15
     bytes), so that ``top -H``, ``ps -L``, ``perf``, ``py-spy`` and
     ``cpupin top`` show it; Python before 3.14 leaves every thread named
     after the process. :class:`ThreadPool` workers are named the same way,
     from ``thread_name_prefix``.
+
+    How: a thread starts with its creator's mask, so :meth:`start` reads
+    the creator's (warm, one C call) and the new thread, first thing in
+    CPython's ``_bootstrap_inner``, moves only when that mask was not the
+    process mask, and names itself (one C call either way). Where Python
+    has no ``_bootstrap_inner``, ``run`` is wrapped instead, at about 2 µs
+    more a thread. (A creator whose mask another thread changes between its
+    ``start()`` and the new thread's birth, a window of microseconds, hands
+    over the old answer.)
     """
 
+    _moves_to_mask = True
+    _kernel_name: bytes | None = None
+
     def start(self) -> None:
+        if not _BOOTSTRAP:
+            self._start_wrapped()
+            return
+        # Everything the new thread needs is made here, in the warm creator:
+        # whether it must move, and its name as the kernel takes it.
+        try:
+            self._moves_to_mask = not _native.on_mask(process_cpus())
+            if _NAME_THREADS:
+                self._kernel_name = _native.thread_name_bytes(self.name)
+        except Exception:  # noqa: BLE001 - the new thread then takes the slow, checked way
+            self._moves_to_mask = True
+        super().start()
+
+    def _bootstrap_inner(self) -> None:
+        try:
+            if self._moves_to_mask:
+                _enter(self.name)
+            elif self._kernel_name is not None:
+                _set_name(self._kernel_name)
+        except Exception:  # noqa: BLE001 - never keep start() waiting for a thread that died
+            pass
+        super()._bootstrap_inner()  # type: ignore[misc]
+
+    def _start_wrapped(self) -> None:
         own = self.__dict__.get("run")
         run = self.run  # what the thread would run, however it resolves
 
@@ -169,6 +204,13 @@ class Thread(threading.Thread):
         except BaseException:
             restore()
             raise
+
+
+_set_name = _native.set_thread_name_bytes
+
+#: Whether this Python's Thread has ``_bootstrap_inner`` (CPython 3.10-3.14
+#: do), where the new thread's first step goes; else ``run`` is wrapped.
+_BOOTSTRAP = hasattr(threading.Thread, "_bootstrap_inner")
 
 
 #: Whether cpupin names its threads in the kernel: CPython does from 3.14 on.

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cpupin
+from cpupin import threads as cpupin_threads
 
 from .helpers import proc_comm
 
@@ -81,7 +82,15 @@ class WithMixin(Mixin, cpupin.Thread):
     pass
 
 
-def test_every_kind_of_run_starts_on_the_process_mask(pinned_creator):
+@pytest.fixture(params=["bootstrap", "wrapped run"])
+def start_path(request, monkeypatch):
+    """Both ways a cpupin.Thread takes its first step: CPython's
+    _bootstrap_inner, and the wrapped run of a Python without it."""
+    monkeypatch.setattr(cpupin_threads, "_BOOTSTRAP", request.param == "bootstrap")
+    return request.param
+
+
+def test_every_kind_of_run_starts_on_the_process_mask(pinned_creator, start_path):
     mask = cpupin.process_cpus()
 
     def kinds():
@@ -107,7 +116,7 @@ def test_every_kind_of_run_starts_on_the_process_mask(pinned_creator):
     )
 
 
-def test_a_direct_run_call_stays_on_the_callers_mask(pinned_creator):
+def test_a_direct_run_call_stays_on_the_callers_mask(pinned_creator, start_path):
     def direct():
         seen = {}
         cpupin.Thread(target=record, args=(seen,)).run()
