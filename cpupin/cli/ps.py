@@ -69,7 +69,7 @@ def _text(data: dict[str, object]) -> None:
     print(
         f"cpupin ps: lock directory {printable(str(data['lock_dir']), 120)}; "
         f"{len(live_servers)} server(s), "
-        f"{len(live_procs)} process(es) with pins; "
+        f"{sum(1 for p in live_procs if p['pins'])} process(es) with pins; "
         + (
             f"sampled over {data['sampled_s']:.3g} s (asked {data['interval_s']:g} s)"
             if data["sampled_s"]
