@@ -71,7 +71,10 @@ def spec_host(spec: HostSpec) -> Host:
         cores=cores,
         nodes=tuple(Node(n, cpus) for n, cpus in sorted(nodes.items())),
         gpus=tuple(sorted(gpus, key=lambda g: pci_sort_key(g.address))),
-        idle_states={(-1 if p is None else p): states for p in {c.package for c in cores}},
+        # A package whose first CPU lists no state is left out, as read_host does.
+        idle_states={(-1 if p is None else p): states for p in {c.package for c in cores}}
+        if states
+        else {},
         smt=spec.threads > 1,
         cpuset=online if spec.cpuset is None else None,
         hypervisor=spec.hypervisor,

@@ -117,6 +117,10 @@ def check_reads_back(spec, root):
         (parse_pci_address(g.address) for g in spec.gpus), key=pci_sort_key
     )
     assert host.smt == (spec.threads > 1)
+    if not spec.idle_states:  # a VM that lists no cpuidle: nothing deepest, and a reason
+        assert host.deepest_idle_state() is None and host.idle_states == {}
+        assert "no cpuidle states listed" in host.reasons
+        return host
     deepest = max(spec.idle_states, key=lambda s: s[1])
     assert (host.deepest_idle_state().name, host.deepest_idle_state().latency_us) == deepest
     return host
