@@ -55,27 +55,16 @@ if TYPE_CHECKING:
     from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
     from .pool_census import Census, Pool, census
     from .pools import PoolLimits, cpu_plan, limit_pools, pool_env, usable_cpus
-    from .process import process_cpus, set_process_cpus
     from .sampling import Sampler, ThreadSample, sample_threads
     from .server import ServerPlan, child_env, plan_server, resolve_devices
     from .stepclock import Step, StepClock
-    from .threads import (
-        Pin,
-        Thread,
-        ThreadInfo,
-        ThreadPool,
-        pin_current_thread,
-        pin_step_thread,
-        pinned_threads,
-        refresh_process_cpus,
-        register_warmup,
-        stray_threads,
-    )
+    from .threads import ThreadPool
     from .topology import Core, Gpu, Host, IdleState, Node, Quota, parse_pci_address, read_host
 
 __version__ = "0.1.0"
 
-#: Each public name to the module that defines it, imported on first use.
+#: Each public name not imported above to the module that defines it,
+#: imported on first use.
 _LAZY: dict[str, str] = {
     "Binding": "binding",
     "Census": "pool_census",
@@ -88,7 +77,6 @@ _LAZY: dict[str, str] = {
     "Host": "topology",
     "IdleState": "topology",
     "Node": "topology",
-    "Pin": "threads",
     "Placement": "placement",
     "PlanError": "errors",
     "Pool": "pool_census",
@@ -99,8 +87,6 @@ _LAZY: dict[str, str] = {
     "ServerPlan": "server",
     "Step": "stepclock",
     "StepClock": "stepclock",
-    "Thread": "threads",
-    "ThreadInfo": "threads",
     "ThreadPool": "threads",
     "ThreadSample": "sampling",
     "ThreadStat": "_native",
@@ -122,23 +108,15 @@ _LAZY: dict[str, str] = {
     "parse_cpumask": "cpulist",
     "parse_pci_address": "topology",
     "parse_setting": "placement",
-    "pin_current_thread": "threads",
-    "pin_step_thread": "threads",
-    "pinned_threads": "threads",
     "place": "placement",
     "plan_server": "server",
     "pool_env": "pools",
-    "process_cpus": "process",
     "read_host": "topology",
-    "refresh_process_cpus": "threads",
-    "register_warmup": "threads",
     "resolve_devices": "server",
     "sample_threads": "sampling",
     "schedstat": "_native",
     "set_affinity": "_native",
-    "set_process_cpus": "process",
     "setting_from_env": "placement",
-    "stray_threads": "threads",
     "thread_stats": "_native",
     "usable_cpus": "pools",
 }
