@@ -259,22 +259,12 @@ def _want(cpus: frozenset[int]) -> Any:
     return want
 
 
-def enter_thread(cpus: frozenset[int], name: str | None) -> int:
+def enter_thread(cpus: frozenset[int], name: bytes | None) -> int:
     """A new thread's first call: onto ``cpus`` unless there already, then
-    (``name`` not ``None``) named in the kernel, in one native call: 1 moved,
-    0 already there, or ``-errno`` (nothing named: the caller takes the
-    slow way, :func:`set_affinity` and :func:`set_thread_name`)."""
-    want = _wanted.get(cpus)
-    if want is None:
-        want = _want(cpus)
-    if name is None:
-        return int(lib.cpupin_thread_enter(want, ffi.NULL))
-    if len(name) <= THREAD_NAME_BYTES and name.isascii() and "\0" not in name:
-        return int(lib.cpupin_thread_enter(want, name.encode()))
-    rc = int(lib.cpupin_thread_enter(want, ffi.NULL))
-    if rc >= 0:
-        set_thread_name(name)
-    return rc
+    (``name`` not ``None``, made by :func:`thread_name_bytes`) named in the
+    kernel, in one native call: 1 moved, 0 already there, or ``-errno``
+    (nothing named: the caller takes the slow way)."""
+    return int(lib.cpupin_thread_enter(_want(cpus), ffi.NULL if name is None else name))
 
 
 def on_mask(cpus: frozenset[int]) -> bool:
@@ -599,9 +589,6 @@ def thread_stats(pid: int | None = None, *, last_cpu: bool = False) -> list[Thre
     ]
 
 
-# --- memory policy ---------------------------------------------------------
-
-
 # --- a step clock's marks ---------------------------------------------------
 
 #: Where a step clock's state keeps what (see ``cpupin_step_end``).
@@ -618,31 +605,25 @@ STEP_MAX_BOUNDS = 32
 
 
 def step_marker(
-    sched_fd: int,
-    stat_fd: int = -1,
-    stat_kind: int = 0,
-    join_ns: int = 0,
-    keep: int = 1,
-    bounds_ns: Iterable[int] = (),
-    slow_ns: int = -1,
+    keep: int, bounds_ns: Iterable[int] = (), slow_ns: int = -1
 ) -> tuple[Callable[[], int], Callable[[], int], Any]:
-    """The begin and end marks of a step clock and the state they keep.
+    """The begin and end marks of a step clock and the state they keep
+    (give it its files with :func:`step_files`).
 
-    The marks read the monotonic clock, the schedstat open at ``sched_fd``
-    and the cgroup's ``cpu.stat`` open at ``stat_fd`` (``stat_kind`` 2:
-    cgroup v2, 1: v1, 0: not read; -1 when not found); a begin within
-    ``join_ns`` of the last end returns 1 and takes that end as its start.
-    An end stores the step's wall, run, wait and throttled ns at
-    ``state[4:8]`` and in a ring of ``keep`` steps from ``state[88]``, counts
-    it in ``state[13]``, adds it to the sums at ``state[14:17]``, counts its
-    wait in the first of ``bounds_ns`` it does not exceed (``state[52:]``),
-    and returns 2 when the wait reached ``slow_ns`` (>= 0). Each returns 0
-    or ``-errno`` otherwise. One call into C a mark, one argument, no Python
+    The marks read the monotonic clock, the schedstat and the cgroup's
+    ``cpu.stat`` named by :func:`step_files`; a begin within its join window
+    of the last end returns 1 and takes that end as its start. An end
+    stores the step's wall, run, wait and throttled ns at ``state[4:8]`` and
+    in a ring of ``keep`` steps from ``state[88]``, counts it in
+    ``state[13]``, adds it to the sums at ``state[14:17]``, counts its wait
+    in the first of ``bounds_ns`` it does not exceed (``state[52:]``), and
+    returns 2 when the wait reached ``slow_ns`` (>= 0). Each returns 0 or
+    ``-errno`` otherwise. One call into C a mark, one argument, no Python
     frame between (``functools.partial``): a step costs about one read of
     each file."""
     bounds = sorted(bounds_ns)[:STEP_MAX_BOUNDS]
     state = ffi.new("long long[]", STEP_RING + 4 * keep)
-    state[8], state[9], state[10], state[11] = sched_fd, stat_fd, stat_kind, join_ns
+    step_files(state, -1)
     state[12], state[STEP_SLOW], state[18] = keep, slow_ns, len(bounds)
     for i, bound in enumerate(bounds):
         state[STEP_BOUNDS + i] = bound
@@ -652,6 +633,18 @@ def step_marker(
         state,
     )
 
+
+def step_files(
+    state: Any, sched_fd: int, stat_fd: int = -1, stat_kind: int = 0, join_ns: int = 0
+) -> None:
+    """What a step clock's marks read: the schedstat open at ``sched_fd``,
+    the cgroup's ``cpu.stat`` open at ``stat_fd`` (``stat_kind`` 2: cgroup
+    v2, 1: v1, 0: not read), and the window (ns) within which a begin takes
+    the last end as its start. ``-1``: closed."""
+    state[8], state[9], state[10], state[11] = sched_fd, stat_fd, stat_kind, join_ns
+
+
+# --- memory policy ---------------------------------------------------------
 
 #: The kernel's memory policy modes (``linux/mempolicy.h``).
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL = 0, 1, 2, 3, 4
@@ -702,13 +695,9 @@ set_thread_name_bytes = lib.cpupin_set_thread_name
 
 def set_thread_name(name: str) -> int:
     """Give the calling thread the kernel name ``name`` (what ``top -H``,
-    ``ps -L``, ``perf`` and ``py-spy`` show), cut to 15 bytes of UTF-8 on a
-    character boundary: 0, or ``-errno``."""
-    if len(name) <= THREAD_NAME_BYTES and name.isascii() and "\0" not in name:
-        return int(lib.cpupin_set_thread_name(name.encode()))  # the common case
-    raw = name.encode("utf-8", "replace")[:THREAD_NAME_BYTES]
-    raw = raw.decode("utf-8", "ignore").encode("utf-8").replace(b"\0", b"?")
-    return int(lib.cpupin_set_thread_name(raw))
+    ``ps -L``, ``perf`` and ``py-spy`` show), cut as :func:`thread_name_bytes`
+    cuts it: 0, or ``-errno``."""
+    return int(set_thread_name_bytes(thread_name_bytes(name)))
 
 
 def holds_gil() -> bool:

@@ -124,8 +124,7 @@ class StepClock:
         self._forked_away = False
         self._sched_fd = self._stat_fd = -1
         self._begin, self._end, self._state = _native.step_marker(
-            -1,
-            keep=keep,
+            keep,
             bounds_ns=_BOUNDS_NS,
             slow_ns=-1 if self._slow_ns is None or on_slow is None else self._slow_ns,
         )
@@ -148,8 +147,7 @@ class StepClock:
                         self._stat_fd = fd
                         kind = 2 if quota.source.endswith("cpu.max") else 1
                         self.throttle_source = rel
-        state = self._state
-        state[8], state[9], state[10], state[11] = self._sched_fd, self._stat_fd, kind, JOIN_NS
+        _native.step_files(self._state, self._sched_fd, self._stat_fd, kind, JOIN_NS)
 
     def close(self) -> None:
         """Close the descriptors; the steps recorded stay readable."""
@@ -160,7 +158,7 @@ class StepClock:
                 except OSError:
                     pass
         self._sched_fd = self._stat_fd = -1
-        self._state[8] = self._state[9] = -1
+        _native.step_files(self._state, -1)
 
     def __del__(self) -> None:
         if "_state" in self.__dict__:  # not when __init__ refused its arguments

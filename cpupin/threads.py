@@ -142,10 +142,9 @@ class Thread(threading.Thread):
     the creator's (warm, one C call) and the new thread, first thing in
     CPython's ``_bootstrap_inner``, moves only when that mask was not the
     process mask, and names itself (one C call either way). Where Python
-    has no ``_bootstrap_inner``, ``run`` is wrapped instead, at about 2 µs
-    more a thread. (A creator whose mask another thread changes between its
-    ``start()`` and the new thread's birth, a window of microseconds, hands
-    over the old answer.)
+    has no ``_bootstrap_inner``, ``run`` is wrapped instead. (A creator
+    whose mask another thread changes between its ``start()`` and the new
+    thread's birth, a window of microseconds, hands over the old answer.)
     """
 
     _moves_to_mask = True
@@ -159,8 +158,7 @@ class Thread(threading.Thread):
         # whether it must move, and its name as the kernel takes it.
         try:
             self._moves_to_mask = not _native.on_mask(process_cpus())
-            if _NAME_THREADS:
-                self._kernel_name = _native.thread_name_bytes(self.name)
+            self._kernel_name = _kernel_name_of(self.name)
         except Exception:  # noqa: BLE001 - the new thread then takes the slow, checked way
             self._moves_to_mask = True
         super().start()
@@ -168,7 +166,7 @@ class Thread(threading.Thread):
     def _bootstrap_inner(self) -> None:
         try:
             if self._moves_to_mask:
-                _enter(self.name)
+                _enter(self._kernel_name)
             elif self._kernel_name is not None:
                 _set_name(self._kernel_name)
         except Exception:  # noqa: BLE001 - never keep start() waiting for a thread that died
@@ -193,7 +191,7 @@ class Thread(threading.Thread):
         def run_on_process_mask() -> None:
             try:
                 if get_ident() == self.ident:  # not a direct run() from another thread
-                    _enter(self.name)
+                    _enter(_kernel_name_of(self.name))
                 run()
             finally:
                 restore()
@@ -217,17 +215,22 @@ _BOOTSTRAP = hasattr(threading.Thread, "_bootstrap_inner")
 _NAME_THREADS = sys.version_info < (3, 14)
 
 
-def _enter(name: str) -> None:
+def _kernel_name_of(name: str) -> bytes | None:
+    """The kernel name a thread of ``name`` takes (``None``: Python names it)."""
+    return _native.thread_name_bytes(name) if _NAME_THREADS else None
+
+
+def _enter(kernel_name: bytes | None) -> None:
     """A new thread's first step: onto the process mask and named, in one
     native call; the slow way when the kernel refuses the mask."""
     try:
-        rc = _native.enter_thread(process_cpus(), name if _NAME_THREADS else None)
+        rc = _native.enter_thread(process_cpus(), kernel_name)
     except ValueError:  # a CPU of the process mask is no longer online
         rc = -1
     if rc < 0:
         to_process_mask()
-        if _NAME_THREADS:
-            _native.set_thread_name(name)
+        if kernel_name is not None:
+            _set_name(kernel_name)
 
 
 class _Initializer:
@@ -239,7 +242,7 @@ class _Initializer:
         self.user = user
 
     def __call__(self, *args: object) -> None:
-        _enter(threading.current_thread().name)
+        _enter(_kernel_name_of(threading.current_thread().name))
         if self.user is not None:
             self.user(*args)
 

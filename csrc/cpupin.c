@@ -164,38 +164,34 @@ int cpupin_set_affinity(uint64_t *io) { return affinity(io, 1); }
 
 /* A new thread's first call: onto the mask want[1...] (want[0] words)
  * unless it is there already, then (name not NULL) its kernel name. One
- * call instead of three. Returns 1 when it moved, 0 when it was there, or
- * -errno from the move (nothing named then: the caller takes the slow way). */
+ * call and one buffer instead of three calls. Returns 1 when it moved, 0
+ * when it was there, or -errno (nothing named then: the caller takes the
+ * slow way). The kernel keeps what its cpuset and online CPUs allow of a
+ * mask: less than asked is -EINVAL, the caller's slow way too (it warns). */
 int cpupin_thread_enter(const uint64_t *want, const char *name)
 {
-    int rc = cpupin_mask_is(want);
+    uint64_t stack[2 + STACK_WORDS];
+    int nwords = (int)want[0];
+    size_t bytes = (size_t)nwords * 8;
+    uint64_t *io = nwords <= STACK_WORDS ? stack : malloc(2 * 8 + bytes);
+    int rc;
 
-    if (rc == 0) {
-        uint64_t stack[2 + STACK_WORDS];
-        int nwords = (int)want[0];
-        uint64_t *io = nwords <= STACK_WORDS ? stack : malloc((2 + (size_t)nwords) * 8);
-
-        if (io == NULL)
-            return -ENOMEM;
-        io[0] = 0;
-        io[1] = (uint64_t)nwords;
-        memcpy(io + 2, want + 1, (size_t)nwords * 8);
+    if (io == NULL)
+        return -ENOMEM;
+    io[0] = 0;
+    io[1] = (uint64_t)nwords;
+    rc = affinity(io, 0);
+    if (rc >= 0 && memcmp(io + 2, want + 1, bytes) != 0) {
+        memcpy(io + 2, want + 1, bytes);
         rc = affinity(io, 1);
-        /* The kernel keeps what its cpuset and online CPUs allow of a mask:
-         * less than asked is the caller's slow way too (it warns). */
-        if (rc >= 0 && memcmp(io + 2, want + 1, (size_t)nwords * 8) != 0)
-            rc = -EINVAL;
-        if (io != stack)
-            free(io);
-        if (rc < 0)
-            return rc;
-        rc = 1;
-    } else if (rc < 0) {
-        return rc;
-    } else {
+        if (rc >= 0)
+            rc = memcmp(io + 2, want + 1, bytes) == 0 ? 1 : -EINVAL;
+    } else if (rc >= 0) {
         rc = 0;
     }
-    if (name != NULL)
+    if (io != stack)
+        free(io);
+    if (rc >= 0 && name != NULL)
         prctl(PR_SET_NAME, (unsigned long)name, 0UL, 0UL, 0UL);
     return rc;
 }
