@@ -56,7 +56,12 @@ def encode(record: Mapping[str, object], size: int | None = SLOT) -> bytes:
     """A record as bytes: its JSON, a line with the JSON's CRC-32, and (with
     ``size``) spaces up to that size. :class:`ValueError` when it does not
     fit."""
-    body = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+    return frame(json.dumps(record, sort_keys=True, separators=(",", ":")).encode(), size)
+
+
+def frame(body: bytes, size: int | None = None) -> bytes:
+    """A record's JSON ``body`` framed as :func:`decode` reads it: a line
+    with its CRC-32 after it, and (with ``size``) spaces up to that size."""
     data = body + b"\n" + f"crc32={zlib.crc32(body):08x}\n".encode()
     if size is None:
         return data

@@ -247,13 +247,6 @@ def _open_owned(
     return fd, info
 
 
-def _read(fd: int) -> bytes:
-    try:
-        return os.pread(fd, MAX_SIZE, 0)
-    finally:
-        os.close(fd)
-
-
 #: Reads of a record that races its writer before it is refused as torn.
 _READS = 10
 

@@ -42,7 +42,6 @@ import os
 import resource
 import threading
 import time
-import zlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +60,7 @@ from ._record import (
     _names,
     decode,
     encode,
+    frame,
     lock_dir,
     open_lock_dir,
 )
@@ -204,7 +204,7 @@ def _record_bytes(listed: list[Pinned]) -> bytes:
         f'{{"pid":{pid},"pins":[{",".join(pins)}],"start_time":{started},'
         f'"time":{round(time.time(), 3)!r},"uid":{uid},"version":{VERSION}}}'
     ).encode()
-    return body + b"\n" + f"crc32={zlib.crc32(body):08x}\n".encode()
+    return frame(body)
 
 
 def _create(dir_fd: int, where: str, data: bytes) -> None:
