@@ -103,13 +103,12 @@ class Census:
     """A process's threads grouped into pools, against its usable CPUs."""
 
     pid: int
-    usable_cpus: int
     plan: CpuPlan
     pools: tuple[Pool, ...]
 
     @property
-    def bad(self) -> list[Pool]:
-        return [p for p in self.pools if p.verdict != FITS]
+    def usable_cpus(self) -> int:
+        return self.plan.usable_cpus
 
     def as_dict(self) -> dict[str, object]:
         quota = self.plan.quota
@@ -200,7 +199,7 @@ def census(
     if own:
         pools.extend(_configured(usable, sizes))
     pools.sort(key=lambda p: (p.kind != "threads", -p.threads, p.name))
-    return Census(target, usable, plan, tuple(pools))
+    return Census(target, plan, tuple(pools))
 
 
 def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:

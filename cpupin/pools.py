@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from ._sysfs import Reader
@@ -162,12 +162,12 @@ def _user_value(env: Mapping[str, str], name: str) -> str | None:
     return value
 
 
-def _explain(name: str, value: str, size: int) -> str:
-    text = value.strip()
-    if text.isascii() and text.isdigit() and int(text) > size:
+def _explain(value: str, size: int) -> str:
+    count = parse_pool_var(value)
+    if count is not None and count > size:
         return (
-            f"set to {text} by the user, more than the {size} the CPUs allow: kept, "
-            f"but the pool is oversubscribed; lower it or unset it"
+            f"set to {value.strip()[:32]} by the user, more than the {size} the CPUs allow: "
+            "kept, but the pool is oversubscribed; lower it or unset it"
         )
     return f"set to {value[:32]!r} by the user: kept"
 
@@ -189,7 +189,7 @@ def pool_env(
         size = _size(plan, share)
         user = _user_value(env, name)
         if user is not None:
-            limits.kept[name] = _explain(name, user, size)
+            limits.kept[name] = _explain(user, size)
             continue
         before = parse_pool_var(env.get(name, "")) if name in ours else None
         if before is not None and before <= size:
@@ -233,6 +233,18 @@ def limit_pools(
     return limits
 
 
+def _lower(
+    limits: PoolLimits, label: str, now: int, size: int, apply: Callable[[int], object]
+) -> None:
+    """Lower a pool of ``now`` threads to ``size`` with ``apply``, never
+    raise one, and say which."""
+    if now > size:
+        apply(size)
+        limits.set[label] = size
+    else:
+        limits.kept[label] = f"already {_threads(now)}, not raised"
+
+
 def _limit_torch(env: Mapping[str, str], size: int, limits: PoolLimits) -> None:
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "get_num_threads"):
@@ -242,19 +254,15 @@ def _limit_torch(env: Mapping[str, str], size: int, limits: PoolLimits) -> None:
             f"OMP_NUM_THREADS set by the user: {_threads(torch.get_num_threads())} kept"
         )
     else:
-        now = torch.get_num_threads()
-        if now > size:
-            torch.set_num_threads(size)
-            limits.set["torch intra-op"] = size
-        else:
-            limits.kept["torch intra-op"] = f"already {_threads(now)}, not raised"
+        _lower(limits, "torch intra-op", torch.get_num_threads(), size, torch.set_num_threads)
     try:
-        now = torch.get_num_interop_threads()
-        if now > size:
-            torch.set_num_interop_threads(size)
-            limits.set["torch inter-op"] = size
-        else:
-            limits.kept["torch inter-op"] = f"already {_threads(now)}, not raised"
+        _lower(
+            limits,
+            "torch inter-op",
+            torch.get_num_interop_threads(),
+            size,
+            torch.set_num_interop_threads,
+        )
     except RuntimeError:
         limits.kept["torch inter-op"] = (
             f"already started with {_threads(torch.get_num_interop_threads())}: torch cannot "
@@ -271,14 +279,10 @@ def _limit_libraries(env: Mapping[str, str], size: int, limits: PoolLimits) -> N
     for lib in ThreadpoolController().lib_controllers:
         label = f"{lib.internal_api} ({os.path.basename(lib.filepath)})"
         var = _LIBRARY_VARS.get(lib.internal_api) or _LIBRARY_VARS.get(lib.user_api, "")
-        now = lib.num_threads
         if var and _user_value(env, var) is not None:
-            limits.kept[label] = f"{var} set by the user: {_threads(now)} kept"
-        elif now > size:
-            lib.set_num_threads(size)
-            limits.set[label] = size
+            limits.kept[label] = f"{var} set by the user: {_threads(lib.num_threads)} kept"
         else:
-            limits.kept[label] = f"already {_threads(now)}, not raised"
+            _lower(limits, label, lib.num_threads, size, lib.set_num_threads)
 
 
 def parse_pool_var(value: str) -> int | None:
