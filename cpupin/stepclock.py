@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from . import _native
 from ._sysfs import Reader
 from .cgroup import read_cgroup
+from .throttle import cpu_stat_file
 
 __all__ = ["BUCKETS_S", "JOIN_NS", "Step", "StepClock", "clocks"]
 
@@ -141,12 +142,10 @@ class StepClock:
             with Reader(self._root) as r:
                 quota = read_cgroup(r)[1]
                 if quota is not None:
-                    rel = f"{os.path.dirname(quota.source)}/cpu.stat"
+                    rel, version = cpu_stat_file(quota)
                     fd = r.open_file(rel)
                     if fd is not None:
-                        self._stat_fd = fd
-                        kind = 2 if quota.source.endswith("cpu.max") else 1
-                        self.throttle_source = rel
+                        self._stat_fd, kind, self.throttle_source = fd, version, rel
         _native.step_files(self._state, self._sched_fd, self._stat_fd, kind, JOIN_NS)
 
     def close(self) -> None:

@@ -12,12 +12,13 @@ import time
 from dataclasses import dataclass
 
 from ._sysfs import Reader
-from .cgroup import Quota, _membership, _mounts, read_cgroup
+from .cgroup import Quota, _chain, _membership, _mounts, read_cgroup
 from .errors import excerpt
 
 __all__ = [
     "CpuStat",
     "ThrottleProbe",
+    "cpu_stat_file",
     "Throttling",
     "parse_cpu_stat",
     "parse_pressure",
@@ -82,9 +83,10 @@ def parse_pressure(text: str) -> int:
     raise ValueError("no 'some ... total=' line")
 
 
-def _cpu_stat_file(r: Reader, quota: Quota) -> str:
-    """The ``cpu.stat`` beside the strictest quota: where the throttling is."""
-    return f"{os.path.dirname(quota.source)}/cpu.stat"
+def cpu_stat_file(quota: Quota) -> tuple[str, int]:
+    """The ``cpu.stat`` beside the strictest quota, where the throttling is
+    counted (under the root), and its cgroup version: 2 or 1."""
+    return f"{os.path.dirname(quota.source)}/cpu.stat", 2 if quota.source.endswith("cpu.max") else 1
 
 
 def read_cpu_stat(r: Reader, quota: Quota | None) -> CpuStat | None:
@@ -93,7 +95,7 @@ def read_cpu_stat(r: Reader, quota: Quota | None) -> CpuStat | None:
     reason in ``r.reasons``)."""
     if quota is None:
         return None
-    rel = _cpu_stat_file(r, quota)
+    rel = cpu_stat_file(quota)[0]
     text = r.text(rel, limit=4096)
     if text is None:
         return None
@@ -105,11 +107,11 @@ def read_cpu_stat(r: Reader, quota: Quota | None) -> CpuStat | None:
 
 
 def _pressure_file(r: Reader, proc: str) -> str | None:
+    """The cgroup's ``cpu.pressure`` (cgroup v2), else the host's."""
     unified_mount, _ = _mounts(r)
     unified_path, _ = _membership(r, proc)
     if unified_mount is not None and unified_path:
-        rel = os.path.normpath("/" + unified_path.strip()).lstrip("/")
-        folder = os.path.join(unified_mount, rel) if rel else unified_mount
+        folder = _chain(r, unified_mount, unified_path)[0]
         if r.is_file(f"{folder}/cpu.pressure"):
             return f"{folder}/cpu.pressure"
     return "proc/pressure/cpu" if r.is_file("proc/pressure/cpu") else None
