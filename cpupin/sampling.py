@@ -96,11 +96,18 @@ class Sampler:
     second of the block. :func:`sample_threads` is the same over a sleep.
     """
 
-    def __init__(self, pid: int | None = None, *, root: str = "/") -> None:
+    def __init__(
+        self, pid: int | None = None, *, root: str = "/", registry: Registry | None = None
+    ) -> None:
         self.pid = None if pid is None else _native.as_pid(pid)
+        self.registry = registry
+        """Where another process's registered pins are read (default: the
+        registry that knows it, read at each stop)."""
         self.samples: list[ThreadSample] = []
         self.throttling: Throttling | None = None
         """The cgroup's throttling and CPU pressure over the last interval."""
+        self.threads: list[tuple[_native.ThreadStat, frozenset[int]]] = []
+        """Every thread and its mask as the last stop read them."""
         self._probe = ThrottleProbe(None if self.pid == os.getpid() else self.pid, root)
         self._first: dict[int, _native.ThreadStat] = {}
         self._start = 0
@@ -143,6 +150,7 @@ class Sampler:
         if not threads:
             raise ProcessLookupError(errno.ESRCH, f"pid {pid} exited; sampling stopped")
         wall_ms = max(time.monotonic_ns() - self._start, 1) / 1e6
+        self.threads = threads
         self.throttling = throttling = self._probe.stop()
         own = pid is None or pid == os.getpid()
         masks = {st.tid: cpus for st, cpus in threads}
@@ -150,7 +158,8 @@ class Sampler:
             mask, pins = process_cpus(), pinned_threads()
         else:
             mask, _ = process_mask_of(pid or 0, list(masks.values()))
-            pins = {p.tid: p.cpus for p in registry_of(pid or 0, None).pins_of(pid or 0)}
+            found = self.registry or registry_of(pid or 0, None)
+            pins = {p.tid: p.cpus for p in found.pins_of(pid or 0)}
         pinned_cpus = frozenset().union(*pins.values())
         out = []
         for st, cpus in threads:
@@ -278,33 +287,25 @@ def audit(pid: int, registry: Registry | None = None, lock_dirs: list[str] | Non
 
 
 def _sample(
-    processes: list[Record], interval: float
-) -> dict[int, tuple[list[ThreadSample], Throttling | None] | str]:
-    """Each live process sampled over the same interval, with its cgroup's
-    throttling; a reason for one that exited meanwhile."""
+    processes: list[Record], interval: float, registry: Registry
+) -> tuple[dict[int, Sampler | str], float]:
+    """Each live process sampled over the same interval (its sampler, or a
+    reason for one that exited meanwhile), and how long that really took."""
     samplers: dict[int, Sampler | str] = {}
     started = time.monotonic()
     for record in processes:
         try:
-            samplers[record.pid] = Sampler(record.pid).start()
+            samplers[record.pid] = Sampler(record.pid, registry=registry).start()
         except (OSError, ValueError) as exc:
             samplers[record.pid] = str(exc)
     time.sleep(interval)
-    out: dict[int, tuple[list[ThreadSample], Throttling | None] | str] = {}
     for pid, sampler in samplers.items():
-        if isinstance(sampler, str):
-            out[pid] = sampler
-            continue
-        try:
-            out[pid] = (sampler.stop(), sampler.throttling)
-        except (OSError, ValueError) as exc:
-            out[pid] = str(exc)
-    _sampled[0] = time.monotonic() - started
-    return out
-
-
-# How long the last _sample really took, start to stop of every process.
-_sampled = [0.0]
+        if isinstance(sampler, Sampler):
+            try:
+                sampler.stop()
+            except (OSError, ValueError) as exc:
+                samplers[pid] = str(exc)
+    return samplers, time.monotonic() - started
 
 
 def host_view(registry: Registry, interval: float) -> dict[str, object]:
@@ -314,8 +315,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
     process really took, 0 when none was live), the unregistered threads found on a
     pinned CPU (interlopers), and the files ignored with why."""
     live = [r for r in registry.records if r.kind == "process" and r.live]
-    _sampled[0] = 0.0
-    samples = _sample(live, interval) if live else {}
+    samples, sampled = _sample(live, interval, registry) if live else ({}, 0.0)
     processes = []
     for record in (r for r in registry.records if r.kind == "process"):
         entry = record.as_dict()
@@ -324,10 +324,10 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
         )
         entry["pools"] = []
         result = samples.get(record.pid)
-        if record.live and isinstance(result, tuple):
-            got, throttling = result
+        if record.live and isinstance(result, Sampler):
+            got, throttling = result.samples, result.throttling
             entry["throttling"] = throttling.as_dict() if throttling else None
-            entry.update(_pools_of(record.pid, registry))
+            entry.update(_pools_of(record, result.threads))
             by_tid = {s.tid: s for s in got}
             pinned = {p.tid: p for p in record.pins}
             threads = []
@@ -365,7 +365,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
     return {
         "lock_dir": registry.directory,
         "interval_s": interval,
-        "sampled_s": round(_sampled[0], 3),
+        "sampled_s": round(sampled, 3),
         "servers": [
             r.as_dict()
             for r in sorted(registry.records, key=lambda r: (not r.live, r.path))
@@ -377,14 +377,17 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
     }
 
 
-def _pools_of(pid: int, registry: Registry) -> dict[str, object]:
-    """A process's usable CPUs and its census of pools, seen from outside;
-    nothing when it exits meanwhile."""
+def _pools_of(
+    record: Record, threads: list[tuple[_native.ThreadStat, frozenset[int]]]
+) -> dict[str, object]:
+    """A process's usable CPUs and its census of pools, seen from outside,
+    from the threads its sample read and the pins its record lists; nothing
+    when it exits meanwhile."""
     from .pool_census import census
 
     try:
-        pins = {p.tid: p.cpus for p in registry.pins_of(pid)}
-        found = census(pid, pins=pins)
+        pins = {p.tid: p.cpus for p in record.pins}
+        found = census(record.pid, threads=threads, pins=pins)
     except (OSError, ValueError):
         return {}
     return {"usable_cpus": found.usable_cpus, "pools": [p.as_dict() for p in found.pools]}
