@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ._sysfs import Reader
-from .cgroup import read_cgroup
+from .cgroup import Quota
 from .cpulist import format_cpulist
 from .pool_census import census
 from .process import process_cpus, thread_masks
@@ -61,7 +61,7 @@ def _require() -> None:
 def _collect(
     pids: Iterable[int | None], registry: Registry | None, skip_gone: bool
 ) -> Iterator[Any]:
-    """The four families, each once, with the samples of every process in
+    """Every family, each once, with the samples of every process in
     ``pids`` (``None``: this one): one that has exited is left out with
     ``skip_gone``, else raises ``ProcessLookupError``."""
     from prometheus_client.core import (
@@ -132,8 +132,8 @@ def _collect(
             roles = {p.tid: (p.role, p.cpus) for p in found.pins_of(target or 0)}
             mask, _ = process_mask_of(target or 0, [m for _, m in threads])
         pid = str(os.getpid() if target is None else target)
-        _pools(target, threads, roles, pid, usable, pool)
-        _throttling(target, pid, throttled, periods)
+        quota = _pools(target, threads, roles, pid, usable, pool)
+        _throttling(quota, pid, throttled, periods)
         if own:
             _steps(pid, step_wait, step_wall, step_throttled)
         stray = 0
@@ -163,20 +163,22 @@ def _pools(
     pid: str,
     usable: Any,
     pool: Any,
-) -> None:
+) -> Quota | None:
+    """The census's samples; returns the quota its plan read (for the
+    throttling counters, so that the cgroup is read once a process)."""
     try:
         found = census(target, threads=threads, pins={t: c for t, (_, c) in roles.items()})
     except (OSError, ValueError):
-        return  # exited meanwhile
+        return None  # exited meanwhile
     usable.add_metric([pid], found.usable_cpus)
     for p in found.pools:
         pool.add_metric([pid, p.name, p.kind, p.verdict], p.threads)
+    return found.plan.quota
 
 
-def _throttling(target: int | None, pid: str, throttled: Any, periods: Any) -> None:
-    proc = "self" if target is None or target == os.getpid() else str(target)
+def _throttling(quota: Quota | None, pid: str, throttled: Any, periods: Any) -> None:
     with Reader("/") as r:
-        stat = read_cpu_stat(r, read_cgroup(r, proc)[1])
+        stat = read_cpu_stat(r, quota)
     if stat is not None:
         throttled.add_metric([pid], stat.throttled_ns / 1e9)
         periods.add_metric([pid], stat.throttled_periods)
