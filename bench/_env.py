@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 
 def describe() -> str:
@@ -92,11 +95,68 @@ def timed(cmd: list[str], rounds: int, env: dict[str, str] | None = None) -> flo
     return statistics.median(samples)
 
 
-def start(doc: str) -> argparse.Namespace:
-    """A benchmark's arguments (``--rounds``), after printing the machine."""
+def start(doc: str, rounds: int = 15, number: int | None = None) -> argparse.Namespace:
+    """A benchmark's arguments (``--rounds``, and ``--number`` calls a round
+    where it takes one), after printing the machine."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    if number is not None:
+        parser.add_argument("--number", type=int, default=number, help="calls per round")
     args = parser.parse_args()
     print(describe())
     print()
     return args
+
+
+@contextlib.contextmanager
+def quota_cgroup(quota_cpus: float) -> Iterator[tuple[str, str] | None]:
+    """A fresh cgroup with a CPU quota of ``quota_cpus`` a 100 ms period
+    (cgroup v1's cpu controller, else v2's): yields (its folder, v1 or v2),
+    or ``None`` where that needs root or no hierarchy has the controller.
+    Processes left in it go back to the root cgroup and it is removed."""
+    mount = kind = None
+    if os.geteuid() == 0:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if parts[2] == "cgroup" and "cpu" in parts[3].split(","):
+                    kind, mount = "v1", parts[1]
+                    break
+                if parts[2] == "cgroup2" and kind is None:
+                    try:
+                        if "cpu" in Path(parts[1], "cgroup.controllers").read_text().split():
+                            kind, mount = "v2", parts[1]
+                    except OSError:
+                        pass
+    if kind is None or mount is None:
+        yield None
+        return
+    path = f"{mount}/cpupin-bench-{uuid.uuid4().hex[:8]}"
+    if kind == "v2":
+        Path(mount, "cgroup.subtree_control").write_text("+cpu")
+    os.mkdir(path)
+    try:
+        quota = int(quota_cpus * 100_000)
+        if kind == "v1":
+            Path(path, "cpu.cfs_period_us").write_text("100000")
+            Path(path, "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            Path(path, "cpu.max").write_text(f"{quota} 100000")
+        yield path, kind
+    finally:
+        time.sleep(0.1)  # a child just killed may still be listed
+        for pid in Path(path, "cgroup.procs").read_text().split():
+            try:
+                Path(mount, "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        os.rmdir(path)
+
+
+def enter_cgroup(path: str) -> Callable[[], None]:
+    """A ``preexec_fn`` that puts the child in the cgroup at ``path``."""
+
+    def enter() -> None:
+        Path(path, "cgroup.procs").write_text(str(os.getpid()))
+
+    return enter

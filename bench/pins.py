@@ -12,7 +12,6 @@ release) and off (``CPUPIN_REGISTRY=0``, measured in a child), against two
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -52,14 +51,9 @@ def measure(registry_on: bool, number: int, rounds: int, lock_dir: str) -> dict[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--number", type=int, default=2000, help="calls per round")
-    args = parser.parse_args()
-    from _env import describe, fmt_ns
+    from _env import fmt_ns, start
 
-    print(describe())
-    print()
+    args = start(__doc__ or "", rounds=15, number=2000)
     lock_dir = tempfile.mkdtemp(prefix="cpupin-bench-")
     try:
         on = measure(True, args.number, args.rounds, lock_dir)

@@ -30,14 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _env import describe  # noqa: E402
+from _env import describe, enter_cgroup, quota_cgroup  # noqa: E402
 
 from cpupin.pools import POOL_VARS  # noqa: E402
 from cpupin.throttle import parse_cpu_stat  # noqa: E402
@@ -64,38 +63,6 @@ print(json.dumps({{"steps_per_s": clock.steps / (clock.wall_sum_ns / 1e9 or 1),
 """
 
 
-def cgroup(quota_cpus: float) -> tuple[str, str, str]:
-    """A fresh cgroup with the quota: (its folder, v1 or v2, the mount)."""
-    if os.geteuid() != 0:
-        sys.exit("bench/pools.py makes a cgroup with a CPU quota: run it as root")
-    kind = mount = None
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if parts[2] == "cgroup" and "cpu" in parts[3].split(","):
-                kind, mount = "v1", parts[1]
-                break
-            if parts[2] == "cgroup2" and kind is None:
-                try:
-                    if "cpu" in Path(parts[1], "cgroup.controllers").read_text().split():
-                        kind, mount = "v2", parts[1]
-                except OSError:
-                    pass
-    if kind is None or mount is None:
-        sys.exit("no cgroup hierarchy with the cpu controller is mounted")
-    path = f"{mount}/cpupin-bench-{uuid.uuid4().hex[:8]}"
-    if kind == "v2":
-        Path(mount, "cgroup.subtree_control").write_text("+cpu")
-    os.mkdir(path)
-    quota = int(quota_cpus * 100_000)
-    if kind == "v1":
-        Path(path, "cpu.cfs_period_us").write_text("100000")
-        Path(path, "cpu.cfs_quota_us").write_text(str(quota))
-    else:
-        Path(path, "cpu.max").write_text(f"{quota} 100000")
-    return path, kind, mount
-
-
 def throttled_ns(path: str) -> int:
     return parse_cpu_stat(Path(path, "cpu.stat").read_text()).throttled_ns
 
@@ -104,12 +71,14 @@ def run_in(path: str, cmd: list[str], env: dict[str, str]) -> tuple[str, float]:
     """Run ``cmd`` in the cgroup: its output and the cgroup's throttled ms
     per second of its run."""
     before, start = throttled_ns(path), time.monotonic()
-
-    def enter() -> None:
-        Path(path, "cgroup.procs").write_text(str(os.getpid()))
-
     out = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, check=True, preexec_fn=enter, timeout=600
+        cmd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=enter_cgroup(path),
+        timeout=600,
     )
     wall = time.monotonic() - start
     return out.stdout, (throttled_ns(path) - before) / 1e6 / wall
@@ -174,23 +143,26 @@ def main() -> None:
     parser.add_argument("--quota", type=float, default=1.0, help="CPUs of quota (1)")
     args = parser.parse_args()
     print(describe())
-    path, kind, mount = cgroup(args.quota)
-    print(f"cgroup      {path} ({kind}), quota {args.quota:g} CPU(s) a 100 ms period")
-    print()
     results: dict[str, dict[str, list[dict[str, float]]]] = {
         "torch": {c: [] for c in CASES},
         "runtime": {c: [] for c in CASES},
     }
-    with tempfile.TemporaryDirectory(prefix="cpupin-bench-pools-") as lock_dir:
-        try:
-            for _ in range(args.rounds):
-                for case in CASES:
-                    results["torch"][case].append(torch_case(path, case, args))
-                    results["runtime"][case].append(runtime_case(path, case, args, lock_dir))
-        finally:
-            for pid in Path(path, "cgroup.procs").read_text().split():
-                Path(mount, "cgroup.procs").write_text(pid)
-            os.rmdir(path)
+    with (
+        quota_cgroup(args.quota) as made,
+        tempfile.TemporaryDirectory(prefix="cpupin-bench-pools-") as lock_dir,
+    ):
+        if made is None:
+            sys.exit(
+                "bench/pools.py makes a cgroup with a CPU quota: run it as root, on a "
+                "host with the cgroup cpu controller"
+            )
+        path, kind = made
+        print(f"cgroup      {path} ({kind}), quota {args.quota:g} CPU(s) a 100 ms period")
+        print()
+        for _ in range(args.rounds):
+            for case in CASES:
+                results["torch"][case].append(torch_case(path, case, args))
+                results["runtime"][case].append(runtime_case(path, case, args, lock_dir))
     for workload, by_case in results.items():
         print(f"{workload}: medians of {args.rounds} rounds")
         print(

@@ -18,12 +18,12 @@ import argparse
 import os
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from _env import enter_cgroup, quota_cgroup, start  # noqa: E402
 
 CASES = """
 import sys, time
@@ -79,31 +79,6 @@ def measure(args: argparse.Namespace, enter=None) -> tuple[dict[str, float], str
     return eval(out.stdout)  # noqa: S307 - our own child's output
 
 
-def quota_cgroup() -> tuple[str, str] | None:
-    if os.geteuid() != 0:
-        return None
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if parts[2] == "cgroup" and "cpu" in parts[3].split(","):
-                path = f"{parts[1]}/cpupin-bench-{uuid.uuid4().hex[:8]}"
-                os.mkdir(path)
-                Path(path, "cpu.cfs_quota_us").write_text("150000")
-                return path, parts[1]
-            if parts[2] == "cgroup2":
-                try:
-                    if "cpu" not in Path(parts[1], "cgroup.controllers").read_text().split():
-                        continue
-                    Path(parts[1], "cgroup.subtree_control").write_text("+cpu")
-                except OSError:
-                    continue
-                path = f"{parts[1]}/cpupin-bench-{uuid.uuid4().hex[:8]}"
-                os.mkdir(path)
-                Path(path, "cpu.max").write_text("150000 100000")
-                return path, parts[1]
-    return None
-
-
 def show(title: str, got: dict[str, float]) -> None:
     from _env import fmt_ns
 
@@ -117,28 +92,14 @@ def show(title: str, got: dict[str, float]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--number", type=int, default=20000, help="steps a round")
-    args = parser.parse_args()
-    from _env import describe
-
-    print(describe())
-    print()
+    args = start(__doc__ or "", rounds=15, number=20000)
     got, source = measure(args)
     show(f"no quota (cpu.stat {'read' if source else 'not read'}): medians of {args.rounds}", got)
-    made = quota_cgroup()
-    if made is None:
-        print("with a quota: not measured (needs root and the cgroup cpu controller)")
-        return
-    path, mount = made
-    try:
-        got, source = measure(args, lambda: Path(path, "cgroup.procs").write_text(str(os.getpid())))
-    finally:
-        time.sleep(0.1)
-        for pid in Path(path, "cgroup.procs").read_text().split():
-            Path(mount, "cgroup.procs").write_text(pid)
-        os.rmdir(path)
+    with quota_cgroup(1.5) as made:
+        if made is None:
+            print("with a quota: not measured (needs root and the cgroup cpu controller)")
+            return
+        got, source = measure(args, enter_cgroup(made[0]))
     show(f"in a cgroup with a 1.5-CPU quota (reads {source}): medians of {args.rounds}", got)
 
 
