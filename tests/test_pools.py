@@ -125,12 +125,31 @@ def test_usable_cpus_of_a_shipped_host_with_a_v2_quota_and_its_parents(tmp_path,
     assert plan.usable_cpus == CpuPlan.for_host(cpupin.read_host(root), None, {0, 1}).usable_cpus
 
 
-def test_usable_cpus_of_this_process_against_os():
-    """No quota here unless the cgroup says: the oracle is the affinity mask
-    under the quota read from the cgroup files in plain Python."""
-    plan = cpu_plan()
-    assert plan.mask <= os.sched_getaffinity(0) | set(cpupin.process_cpus())
-    assert cpupin.usable_cpus() == plan.usable_cpus <= len(os.sched_getaffinity(0))
+USABLE_HERE = """
+import json, os, cpupin
+cpus = sorted(cpupin.process_cpus())
+before = cpupin.usable_cpus()
+pin = cpupin.pin_current_thread({cpus[0]}, role="step")
+print(json.dumps([len(os.sched_getaffinity(0)), len(cpus), before, cpupin.usable_cpus()]))
+"""
+
+
+def test_usable_cpus_of_a_real_process_under_a_real_quota(two_cpus):
+    """In a cgroup whose quota is 1 CPU, a process whose mask has two: one
+    usable CPU; outside it, the mask's CPUs, less one once a thread pins it.
+    The oracles: the quota the test wrote, os.sched_getaffinity."""
+    out = run([sys.executable, "-c", USABLE_HERE])
+    assert out.returncode == 0, out.stderr
+    _, mask, free, pinned = json.loads(out.stdout)
+    assert mask == len(os.sched_getaffinity(0)) and free == mask and pinned == mask - 1
+    with quota_cgroup(100_000) as (path, _):
+        inside = subprocess.run(
+            [sys.executable, "-c", USABLE_HERE], capture_output=True, text=True, timeout=60,
+            check=False, preexec_fn=in_cgroup(path),
+        )  # fmt: skip
+    assert inside.returncode == 0, inside.stderr
+    _, mask, free, pinned = json.loads(inside.stdout)
+    assert mask >= 2 and free == 1 and pinned == 1  # never below one
 
 
 # --- capping ---------------------------------------------------------------
