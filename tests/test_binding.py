@@ -505,16 +505,20 @@ import json, os, sys
 import cpupin
 from cpupin import _native
 
+def say(value):  # one write a line: under PYTHONUNBUFFERED, print writes the newline apart
+    sys.stdout.write(json.dumps(value) + "\n")
+    sys.stdout.flush()
+
 def worker_main(index):
-    print(json.dumps([index, _native.get_mempolicy()[0], os.environ.get("CPUPIN_PROCESS_CPUS"),
-                      os.environ.get("WORKER_DEVICE")]), flush=True)
+    say([index, _native.get_mempolicy()[0], os.environ.get("CPUPIN_PROCESS_CPUS"),
+         os.environ.get("WORKER_DEVICE")])
 
 if __name__ == "__main__":
     n_workers = 2
 RECIPE
     tracker = resource_tracker._resource_tracker._pid
     with open(f"/proc/{tracker}/environ", "rb") as f:
-        print(json.dumps(b"CPUPIN_PROCESS_CPUS=" in f.read()), flush=True)
+        say(b"CPUPIN_PROCESS_CPUS=" in f.read())
 """
 
 
