@@ -506,7 +506,7 @@ import cpupin
 from cpupin import _native
 
 def say(value):  # one write a line: under PYTHONUNBUFFERED, print writes the newline apart
-    sys.stdout.write(json.dumps(value) + "\n")
+    sys.stdout.write(json.dumps(value) + "\\n")
     sys.stdout.flush()
 
 def worker_main(index):
