@@ -129,6 +129,9 @@ class PoolLimits:
     """Pool or variable to the size it now has."""
     kept: dict[str, str] = field(default_factory=dict)
     """Pool or variable left alone, to why."""
+    oversubscribed: list[str] = field(default_factory=list)
+    """The variables kept because the user set them, to more threads than
+    the usable CPUs (their reasons in :attr:`kept`)."""
 
     def as_dict(self) -> dict[str, object]:
         return {"usable_cpus": self.usable_cpus, "set": self.set, "kept": self.kept}
@@ -166,8 +169,8 @@ def _explain(value: str, size: int) -> str:
     count = parse_pool_var(value)
     if count is not None and count > size:
         return (
-            f"set to {value.strip()[:32]} by the user, more than the {size} the CPUs allow: "
-            "kept, but the pool is oversubscribed; lower it or unset it"
+            f"set to {count} by the user, more than the {size} the CPUs allow: kept, but the "
+            "pool is oversubscribed; lower it or unset it"
         )
     return f"set to {value[:32]!r} by the user: kept"
 
@@ -190,6 +193,9 @@ def pool_env(
         user = _user_value(env, name)
         if user is not None:
             limits.kept[name] = _explain(user, size)
+            count = parse_pool_var(user)
+            if count is not None and count > size:
+                limits.oversubscribed.append(name)
             continue
         before = parse_pool_var(env.get(name, "")) if name in ours else None
         if before is not None and before <= size:

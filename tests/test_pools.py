@@ -159,6 +159,7 @@ def test_pool_env_follows_the_plans_shares_and_keeps_what_the_user_set():
     plan = CpuPlan(frozenset(range(16)), pinned=frozenset({0, 8, 15}))
     env, limits = pool_env(plan, {"OMP_NUM_THREADS": "32", "PATH": "/bin"})
     assert env["OMP_NUM_THREADS"] == "32" and "oversubscribed" in limits.kept["OMP_NUM_THREADS"]
+    assert limits.oversubscribed == ["OMP_NUM_THREADS"]  # what cpupin exec warns of
     assert env["MKL_NUM_THREADS"] == "13" and env["RAYON_NUM_THREADS"] == "6"
     assert env["PYTHON_CPU_COUNT"] == "13" and env["PATH"] == "/bin"
     assert "OMP_NUM_THREADS" not in env["CPUPIN_POOL_VARS"].split(",")

@@ -135,9 +135,8 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, ENV_PROCESS_CPUS: format_cpulist(process_cpus())}
     if not args.no_pools:
         env, limits = pool_env(cpu_plan(pinned=()), env)
-        for name, why in limits.kept.items():
-            if "oversubscribed" in why:
-                print(f"cpupin exec: {name} {why}", file=sys.stderr)
+        for name in limits.oversubscribed:
+            print(f"cpupin exec: {name} {limits.kept[name]}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     # Python ignores SIGPIPE and SIGXFSZ for itself; exec keeps an ignored
