@@ -20,6 +20,7 @@ from functools import cache
 
 from .cpulist import format_cpulist
 from .topology import (
+    PERF_SOURCES,
     Host,
     parse_pci_address,
     read_host,
@@ -79,6 +80,29 @@ class HostSpec:
     """The cgroup v2 ``cpu.max`` text, if any."""
     cpuset: str | None = None
     """The cgroup's ``cpuset.cpus.effective``, if any."""
+    llc_cores: int = 0
+    """Cores a last-level cache domain within a node (an AMD core complex:
+    8); 0: one domain a node."""
+    perf: tuple[tuple[str, int], ...] = ()
+    """What every core reports of its speed, by the names of
+    :data:`cpupin.topology.PERF_SOURCES` (``highest_perf``, ``max_khz``...)."""
+    priority_cores: tuple[int, ...] = ()
+    """Cores, numbered within their package, that report ``priority`` instead."""
+    priority: tuple[tuple[str, int], ...] = ()
+
+    def cache_of(self, core: int) -> int:
+        """The last-level cache domain of ``core``, numbered across the host."""
+        within = self.llc_cores or self.cores_per_node
+        per_node = -(-self.cores_per_node // within)
+        return (core // self.cores_per_node) * per_node + (core % self.cores_per_node) // within
+
+    def perf_of(self, core: int) -> dict[str, int]:
+        """What ``core`` reports of its speed."""
+        per_package = self.cores_per_node * self.nodes_per_socket
+        values = dict(self.perf)
+        if core % per_package in self.priority_cores:
+            values.update(self.priority)
+        return values
 
     @property
     def nodes_count(self) -> int:
@@ -158,6 +182,12 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
                 package = spec.package_of_node(c // spec.cores_per_node)
                 packages.setdefault(package, set()).add(spec.cpu(c, t))
     words = len(every) and (max(every) // 32 + 1)
+    domains: dict[int, list[int]] = {}
+    for c in range(spec.cores_count):
+        domains.setdefault(spec.cache_of(c), []).extend(
+            cpu for t in range(spec.threads) if (cpu := spec.cpu(c, t)) in online
+        )
+    sources = {name: rel for name, rel, _ in PERF_SOURCES}
     for c in range(spec.cores_count):
         node = c // spec.cores_per_node
         package = spec.package_of_node(node)
@@ -180,6 +210,18 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
                 _write(root, f"{topo}/{name}", _mask(cpus, words) + "\n")
             _write(root, f"{topo}/core_id", f"{c % spec.cores_per_node}\n")
             _write(root, f"{topo}/physical_package_id", f"{package}\n")
+            for name, value in spec.perf_of(c).items():
+                _write(root, f"{base}/{sources[name]}", f"{value}\n")
+            for index, (kind, level, shared) in enumerate(
+                (("Data", 1, siblings), ("Unified", 3, domains[spec.cache_of(c)]))
+            ):
+                folder = f"{base}/cache/index{index}"
+                _write(root, f"{folder}/type", f"{kind}\n")
+                _write(root, f"{folder}/level", f"{level}\n")
+                _write(root, f"{folder}/shared_cpu_list", format_cpulist(shared) + "\n")
+                _write(root, f"{folder}/shared_cpu_map", _mask(shared, words) + "\n")
+                _write(root, f"{folder}/size", "48K\n" if level == 1 else "32768K\n")
+                _write(root, f"{folder}/coherency_line_size", "64\n")
             for i, (name, latency) in enumerate(spec.idle_states):
                 _write(root, f"{base}/cpuidle/state{i}/name", f"{name}\n")
                 _write(root, f"{base}/cpuidle/state{i}/latency", f"{latency}\n")
@@ -292,6 +334,48 @@ HOSTS: dict[str, HostSpec] = {
             idle_states=(("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 170)),
         ),
         HostSpec(
+            "xeon6-pct",
+            "xeon6-b300's shape with Priority Core Turbo on: eight priority cores a socket, "
+            "four a node (cores 4, 12, 20, 28 of each), whose CPPC highest_perf and top "
+            "frequency (46, 4.6 GHz) stand above the other cores' (38, 3.8 GHz), base 2.0 GHz "
+            "for all; L3 a node (sub-NUMA clustering)",
+            sockets=2,
+            nodes_per_socket=2,
+            cores_per_node=32,
+            threads=2,
+            gpus=_gpus(
+                {
+                    0: ["0000:17:00.0", "0000:3d:00.0"],
+                    1: ["0000:5f:00.0", "0000:71:00.0"],
+                    2: ["0000:9b:00.0", "0000:ad:00.0"],
+                    3: ["0000:e4:00.0", "0000:fa:00.0"],
+                }
+            ),
+            idle_states=(("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 170)),
+            perf=(
+                ("highest_perf", 38),
+                ("nominal_perf", 20),
+                ("max_khz", 3_800_000),
+                ("base_khz", 2_000_000),
+            ),
+            priority_cores=(4, 12, 20, 28, 36, 44, 52, 60),
+            priority=(("highest_perf", 46), ("max_khz", 4_600_000)),
+        ),
+        HostSpec(
+            "xeon-sst-bf",
+            "2x Xeon with Speed Select base frequency on: 24 cores a socket, SMT at +48, one "
+            "node a socket, 4 GPUs two a socket; eight cores a socket (every third) run at a "
+            "base of 2.6 GHz, the rest at 2.1 GHz, all up to 3.5 GHz; no CPPC",
+            sockets=2,
+            cores_per_node=24,
+            threads=2,
+            gpus=_gpus({0: ["0000:1a:00.0", "0000:3b:00.0"], 1: ["0000:86:00.0", "0000:af:00.0"]}),
+            idle_states=(("POLL", 0), ("C1", 2), ("C6", 133)),
+            perf=(("max_khz", 3_500_000), ("base_khz", 2_100_000)),
+            priority_cores=(0, 3, 6, 9, 12, 15, 18, 21),
+            priority=(("base_khz", 2_600_000),),
+        ),
+        HostSpec(
             "h100-vm",
             "A cloud VM with one H100: 40 vCPUs (20 cores, siblings adjacent), no NUMA "
             "information, no idle state deeper than 1 µs",
@@ -323,6 +407,7 @@ HOSTS: dict[str, HostSpec] = {
                 PciSpec("0000:c2:00.0", 0x1A03, 0x030000, 1),
             ),
             idle_states=(("POLL", 0), ("C1", 1), ("C2", 400)),
+            llc_cores=8,
         ),
         HostSpec(
             "gh200",

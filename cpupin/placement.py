@@ -143,10 +143,20 @@ def _allowed_cores(host: Host, allowed: frozenset[int]) -> list[tuple[int, ...]]
     return sorted((c for c in cores if c), key=lambda c: c[0])
 
 
+def _by_class(host: Host, cores: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """``cores`` (in CPU order) with the highest class first: the order of
+    every pool of docs/placement.md. Unchanged on a host of one class."""
+    if len(host.classes) < 2:
+        return cores
+    rank = {cpu: core.rank for core in host.cores for cpu in core.cpus}
+    return sorted(cores, key=lambda c: (rank.get(c[0], 0), c[0]))
+
+
 class _Pools:
     """P(n), G(n), O and L of docs/placement.md for one host and mask."""
 
     def __init__(self, host: Host, cores: list[tuple[int, ...]]) -> None:
+        cores = _by_class(host, cores)
         node_of = {cpu: node.id for node in host.nodes for cpu in node.cpus}
         self.by_node: dict[int, list[tuple[int, ...]]] = {}
         for core in cores:

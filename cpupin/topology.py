@@ -2,7 +2,9 @@
 
 :func:`read_host` returns a frozen :class:`Host`: online CPUs, cores (groups of
 SMT siblings), NUMA nodes, packages, GPUs by PCI address, idle states, SMT,
-the cgroup's cpuset and CPU quota. Tests pass the root of a fake tree (or of
+core classes (cores that report a higher performance than others: priority
+cores, big cores), last-level cache domains, the cgroup's cpuset and CPU
+quota. Tests pass the root of a fake tree (or of
 a real machine's capture); ``"/"`` is this machine.
 
 Nothing here raises on a missing or odd file: the part it describes becomes
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ._sysfs import Reader
 from .cgroup import Quota, read_cgroup
@@ -25,6 +27,7 @@ from .errors import excerpt
 __all__ = [
     "GPU_VENDORS",
     "Core",
+    "CoreClass",
     "Gpu",
     "Host",
     "IdleState",
@@ -45,6 +48,32 @@ class Core:
 
     cpus: tuple[int, ...]
     package: int | None = None
+    rank: int = 0
+    """Its core class: 0 is the highest (see :class:`CoreClass`)."""
+
+
+@dataclass(frozen=True)
+class CoreClass:
+    """Cores that report alike performance: what sysfs says of them.
+
+    ``values`` maps each source that every core reported (``highest_perf``,
+    ``nominal_perf``, ``max_khz``, ``base_khz``, ``capacity``) to the
+    highest value among the class's cores."""
+
+    rank: int
+    """0: the highest class."""
+    cores: int
+    values: Mapping[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """``highest_perf 46, max 4.6 GHz``: what sets the class apart."""
+        parts = []
+        for key, value in self.values.items():
+            if key.endswith("_khz"):
+                parts.append(f"{key[:-4]} {value / 1e6:.2f} GHz")
+            else:
+                parts.append(f"{key} {value}")
+        return ", ".join(parts) or "no performance figures"
 
 
 @dataclass(frozen=True)
@@ -105,6 +134,13 @@ class Host:
     memory_nodes: frozenset[int] | None = None
     """The nodes with memory (``has_memory``), CPU-less GPU memory nodes
     included; ``None`` when sysfs does not say."""
+    classes: tuple[CoreClass, ...] = ()
+    """The core classes, highest first; one class (or none, when sysfs gives
+    no figures) where every core is alike."""
+    caches: tuple[frozenset[int], ...] = ()
+    """The last-level cache domains (``cache_level``): the online CPUs that
+    share one, ordered by lowest CPU; empty when sysfs does not say."""
+    cache_level: int | None = None
     reasons: tuple[str, ...] = ()
     """What could not be read, and what was assumed instead."""
 
@@ -154,8 +190,28 @@ class Host:
                 if quota
                 else None
             ),
+            "classes": [
+                {
+                    "rank": c.rank,
+                    "cores": c.cores,
+                    "values": dict(c.values),
+                    "cpus": sorted(
+                        cpu for core in self.cores if core.rank == c.rank for cpu in core.cpus
+                    ),
+                }
+                for c in self.classes
+            ],
+            "cache_level": self.cache_level,
+            "caches": [sorted(domain) for domain in self.caches],
             "reasons": list(self.reasons),
         }
+
+    def cache_of(self, cpu: int) -> int | None:
+        """The index in :attr:`caches` of ``cpu``'s last-level cache domain."""
+        for index, domain in enumerate(self.caches):
+            if cpu in domain:
+                return index
+        return None
 
     def core_of(self, cpu: int) -> Core | None:
         for core in self.cores:
@@ -418,6 +474,130 @@ def _idle_states(r: Reader, cores: tuple[Core, ...]) -> dict[int, tuple[IdleStat
     return out
 
 
+#: What a core's own files say of its speed, in the order they rank cores:
+#: (name, file under ``cpuN``, the largest value accepted). ACPI CPPC's
+#: highest and nominal performance (Intel's priority and favoured cores, AMD's
+#: preferred cores, Arm big and little cores); cpufreq's top and base
+#: frequency in kHz (Intel SST-BF gives its high-priority cores a higher
+#: base); Arm's scheduler capacity (of 1024).
+PERF_SOURCES: tuple[tuple[str, str, int], ...] = (
+    ("highest_perf", "acpi_cppc/highest_perf", 1 << 20),
+    ("nominal_perf", "acpi_cppc/nominal_perf", 1 << 20),
+    ("max_khz", "cpufreq/cpuinfo_max_freq", 100_000_000),
+    ("base_khz", "cpufreq/base_frequency", 100_000_000),
+    ("capacity", "cpu_capacity", 1 << 20),
+)
+
+#: Two values of one source fall in different classes only where the sorted
+#: values of all cores jump by more than this fraction: AMD's preferred-core
+#: ranking (a few per cent between neighbours) and an Arm capacity of 1017
+#: against 1024 stay one class; 4.6 GHz against 3.8 GHz does not.
+CLASS_GAP = 0.05
+
+
+def _levels(column: list[int]) -> list[int]:
+    """Each value's level: 0 for the lowest group, one more at every jump of
+    more than :data:`CLASS_GAP` between neighbouring distinct values."""
+    level: dict[int, int] = {}
+    current, previous = 0, None
+    for value in sorted(set(column)):
+        if previous is not None and value > previous * (1 + CLASS_GAP):
+            current += 1
+        level[value] = current
+        previous = value
+    return [level[v] for v in column]
+
+
+def _classes(r: Reader, cores: tuple[Core, ...]) -> tuple[tuple[Core, ...], tuple[CoreClass, ...]]:
+    """The cores with their class rank, and the classes, highest first.
+
+    Each core is read at its first CPU (SMT siblings share a core's speed).
+    A source is used only when every core reports it: a source the first
+    core lacks is not read at all (a host without CPPC costs no file per
+    core), and one some core lacks is dropped with a reason."""
+    if not cores:
+        return cores, ()
+    columns: dict[str, list[int]] = {}
+    for key, rel, hi in PERF_SOURCES:
+        first = r.integer(f"{_CPU}/cpu{cores[0].cpus[0]}/{rel}", 1, hi)
+        if first is None:
+            continue
+        column = [first]
+        for core in cores[1:]:
+            value = r.integer(f"{_CPU}/cpu{core.cpus[0]}/{rel}", 1, hi)
+            if value is None:
+                r.reasons.append(
+                    f"cpu{core.cpus[0]}/{rel} is missing or unreadable while "
+                    f"cpu{cores[0].cpus[0]} has one: {key} does not rank cores"
+                )
+                break
+            column.append(value)
+        else:
+            columns[key] = column
+    if not columns:
+        return cores, ()
+    levels = [_levels(column) for column in columns.values()]
+    keys = [tuple(level[i] for level in levels) for i in range(len(cores))]
+    rank_of = {k: rank for rank, k in enumerate(sorted(set(keys), reverse=True))}
+    ranked = tuple(replace(core, rank=rank_of[k]) for core, k in zip(cores, keys))
+    classes = []
+    for level_key, rank in rank_of.items():
+        members = [i for i, k in enumerate(keys) if k == level_key]
+        values = {name: max(column[i] for i in members) for name, column in columns.items()}
+        classes.append(CoreClass(rank, len(members), values))
+    return ranked, tuple(sorted(classes, key=lambda c: c.rank))
+
+
+#: The deepest cache level accepted.
+_MAX_CACHE_LEVEL = 9
+
+
+def _caches(r: Reader, online: frozenset[int]) -> tuple[tuple[frozenset[int], ...], int | None]:
+    """The last-level cache domains: the highest-level data or unified cache
+    of the first online CPU, then that cache's ``shared_cpu_list`` read once a
+    domain, at its lowest CPU. Unknown (no domains, a reason) when a CPU does
+    not list itself or two domains overlap."""
+    if not online:
+        return (), None
+    first = min(online)
+    base = f"{_CPU}/cpu{first}/cache"
+    index, level = None, 0
+    for number in _numbered(r.listdir(base) or [], "index"):
+        kind = (r.text(f"{base}/index{number}/type") or "").strip()
+        if kind not in ("Unified", "Data"):
+            continue
+        found = r.integer(f"{base}/index{number}/level", 1, _MAX_CACHE_LEVEL)
+        if found is not None and found > level:
+            index, level = number, found
+    if index is None:
+        r.reasons.append("no data or unified cache listed: cache domains unknown")
+        return (), None
+    domains: list[frozenset[int]] = []
+    covered: set[int] = set()
+    for cpu in sorted(online):
+        if cpu in covered:
+            continue
+        folder = f"{_CPU}/cpu{cpu}/cache/index{index}"
+        shared = r.cpus(f"{folder}/shared_cpu_list")
+        if shared is None:
+            shared = r.cpus(f"{folder}/shared_cpu_map", mask=True)
+        if shared is None or cpu not in shared:
+            r.reasons.append(
+                f"CPU {cpu} lists no level-{level} cache of its own: cache domains unknown"
+            )
+            return (), None
+        members = shared & online
+        if not members.isdisjoint(covered):
+            r.reasons.append(
+                f"{cpus_phrase(members & covered, 'is')} in two level-{level} caches: "
+                "cache domains unknown"
+            )
+            return (), None
+        covered.update(members)
+        domains.append(frozenset(members))
+    return tuple(domains), level
+
+
 def _hypervisor(r: Reader) -> bool:
     if r.is_file("sys/hypervisor/type"):
         return bool((r.text("sys/hypervisor/type") or "").strip())
@@ -447,6 +627,8 @@ def _read(r: Reader) -> Host:
     else:
         smt = any(len(core.cpus) > 1 for core in cores) if cores else None
     cpuset, quota = read_cgroup(r)
+    cores, classes = _classes(r, cores)
+    caches, cache_level = _caches(r, online)
     return Host(
         root=r.root,
         cpus=online,
@@ -459,5 +641,8 @@ def _read(r: Reader) -> Host:
         quota=quota,
         hypervisor=_hypervisor(r),
         memory_nodes=r.cpus(f"{_NODE}/has_memory"),
+        classes=classes,
+        caches=caches,
+        cache_level=cache_level,
         reasons=tuple(r.reasons),
     )

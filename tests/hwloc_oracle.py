@@ -75,3 +75,73 @@ def from_xml(text):
         elif kind == "NUMANode":
             nodes[int(obj.get("os_index"))] = frozenset(_bitmap(obj.get("cpuset")))
     return cores, nodes, pus
+
+
+def caches_from_console(text):
+    """The PUs under each cache object of the highest level that hwloc shows
+    (``L3Cache``, else ``L2Cache``...), as a set of frozensets."""
+    rows = []
+    for line in text.splitlines():
+        if re.match(r"^\s*(depth \d+:|Special depth)", line):
+            break
+        kind = _KIND.match(line)
+        if kind is None:
+            continue
+        number = _NUMBER.search(line)
+        rows.append((len(kind.group(1)), kind.group(2), int(number.group(1)) if number else None))
+    levels = [int(kind[1]) for _, kind, _ in rows if re.fullmatch(r"L\d(d|u)?Cache", kind)]
+    if not levels:
+        return set()
+    top = f"L{max(levels)}"
+    out = set()
+    for i, (indent, kind, _) in enumerate(rows):
+        if not kind.startswith(top) or kind.endswith("iCache"):
+            continue
+        pus = set()
+        for deeper, sub, number in rows[i + 1 :]:
+            if deeper <= indent:
+                break
+            if sub == "PU":
+                pus.add(number)
+        out.add(frozenset(pus))
+    return out
+
+
+def kinds_from_console(text):
+    """hwloc's CPU kinds: the PUs of the cores of each ``cpukind=N``, most
+    efficient (highest N) first."""
+    kinds = {}
+    current = None
+    for line in text.splitlines():
+        if re.match(r"^\s*(depth \d+:|Special depth)", line):
+            break
+        m = re.search(r"Core L#\d+ \(P#\d+ cpukind=(\d+)", line)
+        if m:
+            current = int(m.group(1))
+            continue
+        if "PU L#" in line and current is not None:
+            kinds.setdefault(current, set()).add(int(_NUMBER.search(line).group(1)))
+        elif "Core L#" in line:
+            current = None
+    return [frozenset(kinds[k]) for k in sorted(kinds, reverse=True)]
+
+
+def caches_from_xml(text):
+    root = ET.fromstring(text)
+    caches = {}
+    for obj in root.iter("object"):
+        kind = obj.get("type", "")
+        if re.fullmatch(r"L\dCache", kind) and obj.get("cache_type") != "2":
+            caches.setdefault(int(kind[1]), set()).add(frozenset(_bitmap(obj.get("cpuset"))))
+    return caches[max(caches)] if caches else set()
+
+
+def kinds_from_xml(text):
+    """hwloc's CPU kinds, most efficient first: hwloc lists them from the
+    least efficient up, with an efficiency where it knows one."""
+    root = ET.fromstring(text)
+    kinds = [
+        (int(k.get("forced_efficiency", k.get("efficiency", "0"))), i, _bitmap(k.get("cpuset")))
+        for i, k in enumerate(root.iter("cpukind"))
+    ]
+    return [frozenset(cpus) for _, _, cpus in sorted(kinds, key=lambda k: k[:2], reverse=True)]

@@ -8,6 +8,7 @@ from cpupin.hosts import HostSpec
 from cpupin.topology import (
     GPU_VENDORS,
     Core,
+    CoreClass,
     Gpu,
     Host,
     IdleState,
@@ -62,9 +63,23 @@ def spec_host(spec: HostSpec) -> Host:
             )
         )
     states = tuple(IdleState(name, latency) for name, latency in spec.idle_states)
+    present = _cores(spec)
+    # Classes: none without figures; else the priority cores (whose figures
+    # the strategies only ever raise) above the others, where both exist.
+    figures = [spec.perf_of(c) for c, _ in present]
+    kinds = sorted({tuple(sorted(f.items())) for f in figures}, key=lambda k: k != _top(spec))
+    rank = {kind: i for i, kind in enumerate(kinds)} if spec.perf else {}
     cores = tuple(
-        Core(cpus, spec.package_of_node(c // spec.cores_per_node)) for c, cpus in _cores(spec)
+        Core(cpus, spec.package_of_node(c // spec.cores_per_node), rank.get(kind, 0))
+        for (c, cpus), kind in zip(present, (tuple(sorted(f.items())) for f in figures))
     )
+    classes = tuple(
+        CoreClass(i, sum(core.rank == i for core in cores), dict(kind)) for kind, i in rank.items()
+    )
+    domains: dict[int, set[int]] = {}
+    for c, cpus in present:
+        domains.setdefault(spec.cache_of(c), set()).update(cpus)
+    caches = tuple(sorted((frozenset(d) for d in domains.values()), key=min))
     return Host(
         root="",
         cpus=online,
@@ -79,4 +94,12 @@ def spec_host(spec: HostSpec) -> Host:
         cpuset=online if spec.cpuset is None else None,
         hypervisor=spec.hypervisor,
         memory_nodes=frozenset(nodes) if spec.numa else None,
+        classes=classes,
+        caches=caches,
+        cache_level=3 if caches else None,
     )
+
+
+def _top(spec: HostSpec) -> tuple[tuple[str, int], ...]:
+    """The figures of the highest class: a priority core's."""
+    return tuple(sorted({**dict(spec.perf), **dict(spec.priority)}.items()))

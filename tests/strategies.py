@@ -87,7 +87,36 @@ def host_specs(draw, max_cores=256):
     )
     # None at all too: many VMs list no cpuidle folder.
     states = draw(st.sampled_from(((), (("POLL", 0),), (("POLL", 0), ("C1", 1), ("C6", 170)))))
-    return replace(spec, gpus=gpus, pci=others, offline=offline, idle_states=states)
+    # What cores report of their speed: nothing, all alike, or some cores
+    # above the others (priority cores, SST-BF's higher base, Arm's big cores)
+    # in figures far enough apart to be two classes.
+    base, raised = draw(st.sampled_from(PERF_SHAPES))
+    per_package = cores_per_node * nodes_per_socket
+    priority = draw(st.lists(st.integers(0, per_package - 1), unique=True, max_size=per_package))
+    return replace(
+        spec,
+        gpus=gpus,
+        pci=others,
+        offline=offline,
+        idle_states=states,
+        llc_cores=draw(st.integers(0, cores_per_node)),
+        perf=base,
+        priority_cores=tuple(priority) if raised else (),
+        priority=raised,
+    )
+
+
+#: (every core's figures, a priority core's raised ones).
+PERF_SHAPES = (
+    ((), ()),
+    ((("highest_perf", 38), ("nominal_perf", 20)), ()),
+    (
+        (("highest_perf", 38), ("nominal_perf", 20), ("max_khz", 3_800_000)),
+        (("highest_perf", 46), ("max_khz", 4_600_000)),
+    ),
+    ((("max_khz", 3_500_000), ("base_khz", 2_100_000)), (("base_khz", 2_600_000),)),
+    ((("capacity", 446),), (("capacity", 1024),)),
+)
 
 
 @st.composite

@@ -12,7 +12,14 @@ import pytest
 from cpupin.hosts import HOSTS, build_tree
 from cpupin.topology import read_host
 
-from .hwloc_oracle import from_console, from_xml
+from .hwloc_oracle import (
+    caches_from_console,
+    caches_from_xml,
+    from_console,
+    from_xml,
+    kinds_from_console,
+    kinds_from_xml,
+)
 
 #: hwloc's captures, shipped with the tests (BSD; COPYING beside them).
 CAPTURES = Path(__file__).resolve().parent / "data" / "hwloc"
@@ -60,6 +67,50 @@ def oracle(name):
     return from_xml((CAPTURES / f"{name}.xml").read_text())
 
 
+def oracle_caches_and_kinds(name):
+    console = CAPTURES / f"{name}.console"
+    if console.exists():
+        text = console.read_text()
+        return caches_from_console(text), kinds_from_console(text)
+    text = (CAPTURES / f"{name}.xml").read_text()
+    return caches_from_xml(text), kinds_from_xml(text)
+
+
+@needs_captures
+@pytest.mark.parametrize("name", NAMES)
+def test_last_level_caches_match_hwloc(unpacked, name):
+    """Each capture's last-level cache domains, as hwloc groups its PUs under
+    its deepest cache objects (within the PUs hwloc shows)."""
+    caches, _ = oracle_caches_and_kinds(name)
+    _, _, pus = oracle(name)
+    host = read_host(unpacked[name])
+    ours = {domain & pus for domain in host.caches} - {frozenset()}
+    caches = caches - {frozenset()}  # hwloc keeps a cache the cgroup hides, empty
+    if not caches:
+        assert not host.caches
+        return
+    assert ours == caches
+
+
+@needs_captures
+@pytest.mark.parametrize("name", NAMES)
+def test_core_classes_match_hwloc_kinds(unpacked, name):
+    """Where hwloc finds CPU kinds (hybrid Intel, the GB10's big and little
+    Arm cores), the classes are those kinds in the same order; where it finds
+    one kind or none, there is at most one class."""
+    _, kinds = oracle_caches_and_kinds(name)
+    _, _, pus = oracle(name)
+    host = read_host(unpacked[name])
+    ours = [
+        frozenset(cpu for core in host.cores if core.rank == c.rank for cpu in core.cpus) & pus
+        for c in host.classes
+    ]
+    if len(kinds) < 2:
+        assert len(ours) <= 1
+    else:
+        assert ours == kinds
+
+
 @needs_captures
 def test_every_capture_has_an_oracle():
     for name in NAMES:
@@ -103,7 +154,7 @@ def hwloc_reads(root):
     out = subprocess.run(
         [LSTOPO, "--of", "xml", "-"], env=env, capture_output=True, text=True, check=True
     )
-    return from_xml(out.stdout)
+    return (*from_xml(out.stdout), caches_from_xml(out.stdout), kinds_from_xml(out.stdout))
 
 
 @pytest.mark.skipif(LSTOPO is None, reason="needs hwloc's lstopo (apt-get install hwloc)")
@@ -113,8 +164,14 @@ def test_the_shipped_hosts_as_hwloc_reads_their_trees(fast_dir, name):
     trees a real kernel could show."""
     with fast_dir() as root:
         build_tree(HOSTS[name], root)
-        cores, nodes, pus = hwloc_reads(root)
+        cores, nodes, pus, caches, kinds = hwloc_reads(root)
         host = read_host(root)
+    assert set(host.caches) == caches
+    classes = [
+        frozenset(c for core in host.cores if core.rank == k.rank for c in core.cpus)
+        for k in host.classes
+    ]
+    assert classes == kinds if len(kinds) > 1 else len(classes) <= 1
     assert pus == host.cpus
     assert cores == {frozenset(core.cpus) for core in host.cores}
     assert {n: c for n, c in nodes.items() if c} == {n.id: n.cpus for n in host.cpu_nodes}
