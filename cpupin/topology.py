@@ -65,10 +65,14 @@ class CoreClass:
     cores: int
     values: Mapping[str, int] = field(default_factory=dict)
 
-    def describe(self) -> str:
-        """``highest_perf 46, max 4.6 GHz``: what sets the class apart."""
+    def describe(self, keys: Iterable[str] | None = None) -> str:
+        """``highest_perf 46, max 4.60 GHz``: its figures (of ``keys`` only,
+        when given: those that set the classes apart)."""
         parts = []
+        wanted = None if keys is None else set(keys)
         for key, value in self.values.items():
+            if wanted is not None and key not in wanted:
+                continue
             if key.endswith("_khz"):
                 parts.append(f"{key[:-4]} {value / 1e6:.2f} GHz")
             else:
@@ -205,6 +209,11 @@ class Host:
             "caches": [sorted(domain) for domain in self.caches],
             "reasons": list(self.reasons),
         }
+
+    def class_keys(self) -> list[str]:
+        """The figures in which the classes differ."""
+        keys = [k for c in self.classes for k in c.values]
+        return [k for k in dict.fromkeys(keys) if len({c.values.get(k) for c in self.classes}) > 1]
 
     def cache_of(self, cpu: int) -> int | None:
         """The index in :attr:`caches` of ``cpu``'s last-level cache domain."""

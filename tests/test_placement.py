@@ -312,3 +312,105 @@ def test_docs_placement_states_the_numbers_these_tests_compute():
     assert "4 core(s) for 6 GPU(s), and each needs two" in third.reason
     for fact in ("**97,225**", "**102**", "**35,163**", "core **44**", "4 core(s) for 6 GPU(s)"):
         assert fact in text, fact
+
+
+# --- core classes -----------------------------------------------------------------
+
+PCT = host_named("xeon6-pct")  # B300's shape; cores 4, 12, 20, 28 of each node on top
+SST_BF = host_named("xeon-sst-bf")  # every third core of a socket at a higher base
+
+
+def ordered_pools(host, allowed):
+    """docs/placement.md's pools, each in its order: the highest class first,
+    then by lowest CPU; reserved cores and L taken in that order."""
+    rank = {cpu: core.rank for core in host.cores for cpu in core.cpus}
+    cores = [tuple(c for c in core.cpus if c in allowed) for core in host.cores]
+    cores = sorted((c for c in cores if c), key=lambda c: (rank[c[0]], c[0]))
+    p = {n.id: [c for c in cores if c[0] in n.cpus] for n in host.nodes}
+    g = {n.id: [x for x in host.gpus if x.node == n.id] for n in host.nodes}
+    local = {x.address for x in host.gpus if x.node is not None and p.get(x.node)}
+    off = [x for x in host.gpus if x.address not in local]
+    reserved = set()
+    for n in p:
+        if p[n] and g[n]:
+            reserved |= set(p[n][: len(g[n])]) | set(p[n][-len(g[n]) :])
+    return p, g, off, [c for c in cores if c not in reserved], local
+
+
+@settings(max_examples=600)
+@given(host_and_mask())
+def test_each_gpu_takes_the_core_the_rules_name_highest_class_first(case):
+    """The whole rule, computed afresh: GPU locality picks the pool, the
+    pool runs from its highest class down, the GPU's rank picks the step
+    core from the bottom and the result CPU from the top. With one class
+    the order is the CPU order of today's rule."""
+    host, mask = case
+    allowed = mask & host.cpus
+    p, g, off, leftover, local = ordered_pools(host, allowed)
+    for gpu, placement in zip(host.gpus, all_gpus(host, mask)):
+        q, k = (p[gpu.node], g[gpu.node]) if gpu.address in local else (leftover, off)
+        if len(q) < 2 * len(k):
+            assert not placement.pinned
+            continue
+        r = k.index(gpu)
+        assert placement.step_cpus == (q[r],)
+        assert placement.result_cpu == min(q[len(q) - 1 - r])
+
+
+@settings(max_examples=300)
+@given(host_and_mask())
+def test_step_threads_never_take_more_highest_class_cores_than_a_package_has(case):
+    """The budget: over every GPU's server, the highest-class cores that step
+    threads take in a package are distinct and at most the package's; and a
+    GPU whose rank is below its node's count of them gets one."""
+    host, mask = case
+    allowed = mask & host.cpus
+    top = {cpu for core in host.cores if core.rank == 0 for cpu in core.cpus}
+    package = {cpu: core.package for core in host.cores for cpu in core.cpus}
+    taken: dict[object, list[int]] = {}
+    p, g, _, _, local = ordered_pools(host, allowed)
+    for gpu, placement in zip(host.gpus, all_gpus(host, mask)):
+        if not placement.pinned:
+            continue
+        (cpus,) = placement.step_cpus
+        if cpus[0] in top:
+            taken.setdefault(package[cpus[0]], []).append(cpus[0])
+        if gpu.address in local:
+            on_top = [c for c in p[gpu.node] if c[0] in top]
+            assert (cpus[0] in top) == (g[gpu.node].index(gpu) < len(on_top))
+    for pkg, firsts in taken.items():
+        budget = sum(1 for core in host.cores if core.rank == 0 and core.package == pkg)
+        assert len(firsts) == len(set(firsts)) <= budget
+
+
+def test_priority_cores_take_the_step_threads_and_the_others_the_results():
+    """docs/placement.md's worked examples on xeon6-pct and xeon-sst-bf."""
+    first = place(PCT, PCT.cpus, ["0000:17:00.0"], "auto")
+    assert first.step_cpus == ((4, 132),) and first.result_cpu == 31
+    second = place(PCT, PCT.cpus, ["0000:3d:00.0"], "auto")
+    assert second.step_cpus == ((12, 140),) and second.result_cpu == 30
+    split = place(PCT, PCT.cpus, ["0000:17:00.0"] * 3, "auto")
+    assert split.step_cpus == ((4, 132), (20, 148), (0, 128))
+    # Only cores 0-3 of node 0 in the mask: no priority core, so the CPU order.
+    narrow = place(PCT, parse_cpulist("0-3,128-131"), ["0000:3d:00.0"], "auto")
+    assert narrow.step_cpus == ((1, 129),) and narrow.result_cpu == 2
+    bf = place(SST_BF, SST_BF.cpus, ["0000:3b:00.0"], "auto")
+    assert bf.step_cpus == ((3, 51),) and bf.result_cpu == 22
+
+
+def test_a_host_of_one_class_places_as_one_without_figures():
+    """Figures that are all alike change nothing: the B300 with every core at
+    highest_perf 38 places exactly as the B300 without figures."""
+    from dataclasses import replace
+
+    from cpupin.hosts import HOSTS, build_tree
+    from cpupin.topology import read_host
+
+    spec = replace(HOSTS["xeon6-b300"], perf=(("highest_perf", 38), ("nominal_perf", 20)))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        alike = read_host(build_tree(spec, root))
+    assert len(alike.classes) == 1
+    for mask in (B300.cpus, parse_cpulist("96-103,224-231"), parse_cpulist("32-47")):
+        assert all_gpus(alike, mask) == all_gpus(B300, mask)

@@ -18,7 +18,7 @@ from cpupin.topology import Host, read_host
 
 #: The shipped hosts (cpupin.hosts.HOSTS, which a test keeps equal): named
 #: here so that building the parser does not build their specs.
-HOST_NAMES = ("amd-8gpu", "dgx-h100", "gh200", "h100-vm", "xeon6-b300")
+HOST_NAMES = ("amd-8gpu", "dgx-h100", "gh200", "h100-vm", "xeon-sst-bf", "xeon6-b300", "xeon6-pct")
 
 
 def whole(name: str, lo: int, hi: int) -> Callable[[str], int]:

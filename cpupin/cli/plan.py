@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
             "mask_list": format_cpulist(allowed),
             "servers": _servers(base, placements),
         }
+        if len(host.classes) > 1:
+            data["highest_class"] = _class_json(host, allowed, placements)
         if autos is not None:
             data["with_auto"] = {"setting": "auto", "servers": _servers(base, autos)}
         _args.print_json(data)
@@ -167,7 +169,8 @@ def _draw(host: Host, allowed: frozenset[int], placements: list[Placement], base
         pools = f"; pools: {_usable(base, p)} usable CPU(s)"
         if p.pinned:
             steps = "; ".join(f"{w.device} on {format_cpulist(w.cpus)}" for w in p.workers)
-            print(f"  {letter}  step {steps}; result on {p.result_cpu}{pools}")
+            apart = _caches_apart(host, p)
+            print(f"  {letter}  step {steps}; result on {p.result_cpu}{pools}{apart}")
         else:
             print(f"  {letter}  {', '.join(p.devices)}: pins nothing: {p.reason}{pools}")
         for w in p.workers:
@@ -175,9 +178,13 @@ def _draw(host: Host, allowed: frozenset[int], placements: list[Placement], base
                 owner[cpu] = letter if cpu not in owner else "*"
         if p.result_cpu is not None:
             owner[p.result_cpu] = letter.lower() if p.result_cpu not in owner else "*"
+    if len(host.classes) > 1:
+        print(_budget_line(host, top_class_use(host, allowed, placements)))
+    top = _top_class(host)
     print(
         "cores of each node (A: a server's step core, a: its result CPU, .: free, "
-        "' ': outside the mask)"
+        + ("+: free and of the highest class, " if top else "")
+        + "' ': outside the mask)"
     )
     # One line a node, with no Python loop over the cores of a node that is
     # wholly free (a 65,536-CPU host has 2,048 nodes).
@@ -191,7 +198,7 @@ def _draw(host: Host, allowed: frozenset[int], placements: list[Placement], base
     lines = []
     for node in host.cpu_nodes:
         firsts = node.cpus & firsts_all
-        if node.cpus <= allowed and not node.cpus & owned:
+        if node.cpus <= allowed and not node.cpus & owned and not node.cpus & top:
             row = free_rows.get(len(firsts))
             if row is None:
                 row = free_rows[len(firsts)] = _grouped("." * len(firsts))
@@ -199,16 +206,72 @@ def _draw(host: Host, allowed: frozenset[int], placements: list[Placement], base
             cells = []
             for first in sorted(firsts):
                 cell = " "  # outside the mask, unless a CPU of it is allowed
+                free = "+" if first in top else "."
                 for cpu in by_first[first].cpus:
                     if cpu in allowed:
-                        cell = owner.get(cpu) or "."
-                        if cell != ".":
+                        cell = owner.get(cpu) or free
+                        if cell != free:
                             break
                 cells.append(cell)
             row = _grouped("".join(cells))
         gpus = gpus_of.get(node.id)
         lines.append(f"  node {node.id:<3} {row}" + (f"  GPUs {' '.join(gpus)}" if gpus else ""))
     print("\n".join(lines))
+
+
+def _top_class(host: Host) -> frozenset[int]:
+    """The first CPUs of the highest-class cores, where cores differ."""
+    if len(host.classes) < 2:
+        return frozenset()
+    return frozenset(core.cpus[0] for core in host.cores if core.rank == 0)
+
+
+def top_class_use(
+    host: Host, allowed: frozenset[int], placements: list[Placement]
+) -> dict[int, tuple[int, int]]:
+    """Where cores differ: for each package, its highest-class cores in the
+    mask (the budget of docs/placement.md) and how many of them the plan's
+    step threads take; empty on a host of one class."""
+    if len(host.classes) < 2:
+        return {}
+    step = {cpu for p in placements for w in p.workers for cpu in w.cpus}
+    out: dict[int, tuple[int, int]] = {}
+    for core in host.cores:
+        if core.rank != 0 or not allowed.intersection(core.cpus):
+            continue
+        package = -1 if core.package is None else core.package
+        have, used = out.get(package, (0, 0))
+        out[package] = (have + 1, used + bool(step.intersection(core.cpus)))
+    return out
+
+
+def _class_json(
+    host: Host, allowed: frozenset[int], placements: list[Placement]
+) -> dict[str, object]:
+    use = top_class_use(host, allowed, placements)
+    return {
+        "values": dict(host.classes[0].values),
+        "packages": {str(p): {"cores": have, "step": used} for p, (have, used) in use.items()},
+    }
+
+
+def _budget_line(host: Host, use: dict[int, tuple[int, int]]) -> str:
+    parts = "; ".join(f"package {p}: {used} of {have}" for p, (have, used) in sorted(use.items()))
+    return (
+        f"highest class ({host.classes[0].describe(host.class_keys())}): step threads take "
+        f"{parts or 'none: no core of it is in the mask'}"
+    )
+
+
+def _caches_apart(host: Host, p: Placement) -> str:
+    """A note when a server's first step core and its result CPU lie in
+    different last-level caches (docs/placement.md says why that stands)."""
+    if len(host.caches) < 2 or p.result_cpu is None or not p.workers:
+        return ""
+    step, result = host.cache_of(p.workers[0].cpus[0]), host.cache_of(p.result_cpu)
+    if step is None or result is None or step == result:
+        return ""
+    return f"; L3 {step} and {result} (apart)"
 
 
 def _grouped(row: str) -> str:

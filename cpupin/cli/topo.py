@@ -25,6 +25,37 @@ def heads(host: Host) -> dict[int, Core]:
     return {core.cpus[0]: core for core in host.cores}
 
 
+def class_lines(host: Host) -> list[str]:
+    """The core classes, highest first, where cores differ; else one line
+    saying they are alike (or that sysfs gives no figures)."""
+    if not host.classes:
+        return ["class  no per-core performance figures (CPPC, cpufreq, capacity): one class"]
+    if len(host.classes) == 1:
+        return [f"class  every core alike ({host.classes[0].describe()}): one class"]
+    lines = []
+    for c in host.classes:
+        cpus = [cpu for core in host.cores if core.rank == c.rank for cpu in core.cpus]
+        what = "0 (highest)" if c.rank == 0 else str(c.rank)
+        lines.append(
+            f"class  {what}: {c.describe(host.class_keys())}; {c.cores} core(s), "
+            f"CPUs {format_cpulist(cpus)}"
+        )
+    return lines
+
+
+def cache_line(host: Host) -> str:
+    """The last-level cache domains: how many, and the first few."""
+    if not host.caches:
+        return "cache  last-level cache domains unknown"
+    sizes = sorted({len(d) for d in host.caches})
+    shown = " | ".join(format_cpulist(d) for d in host.caches[:4])
+    more = f" | ... ({len(host.caches) - 4} more)" if len(host.caches) > 4 else ""
+    return (
+        f"cache  L{host.cache_level}: {len(host.caches)} domain(s) of "
+        f"{'/'.join(map(str, sizes))} CPUs: {shown}{more}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     host, title, mask = _args.load_host(args)
     plan = CpuPlan.for_host(host, mask)
@@ -57,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
         )
     if not host.gpus:
         print("GPUs   none")
+    for line in class_lines(host):
+        print(line)
+    print(cache_line(host))
     deepest = host.deepest_idle_state()
     if deepest:
         vm = " (a virtual machine: its guest sees only what the hypervisor shows)"
