@@ -127,7 +127,17 @@ def diagnose(
         return Diagnosis(verdict, why, deepest, {}, "nowhere", tuple(notes))
     same = handoffs.get("same CPU busy")
     idle_kind = next(
-        (k for k in ("other core idle", "SMT sibling idle", "other node idle") if k in handoffs),
+        (
+            k
+            for k in (
+                "other core idle",
+                "same L3 idle",
+                "other L3 idle",
+                "SMT sibling idle",
+                "other node idle",
+            )
+            if k in handoffs
+        ),
         None,
     )
     if same is None or idle_kind is None:
@@ -155,6 +165,12 @@ def diagnose(
             f"{busy.median_ns / same.median_ns:.0f}x a handoff on the same CPU: a workload whose "
             "step threads fit on one CPU may still gain from a CPU number here; measure it "
             "(examples/runtime.py, bench/runtime.py)"
+        )
+    near, far = handoffs.get("same L3 busy"), handoffs.get("other L3 busy")
+    if near is not None and far is not None:
+        notes.append(
+            f"a handoff to a running core under another L3 costs {_us(far.median_ns)} against "
+            f'{_us(near.median_ns)} under the same one (docs/placement.md, "Cache domains")'
         )
     if penalty >= IDLE_PENALTY_NS:
         verdict = "auto"

@@ -187,7 +187,12 @@ def handoff_python(
 
 def pair_kinds(host: Host, mask: Iterable[int]) -> dict[str, tuple[int | None, int | None]]:
     """One pair of CPUs of each kind the mask allows: ``same CPU``, ``SMT
-    sibling``, ``other core`` (same node), ``other node``, and ``unpinned``."""
+    sibling``, ``other core`` (same node), ``other node``, and ``unpinned``.
+
+    Where the mask spans more than one last-level cache of the first CPU's
+    node, ``other core`` is split in two: ``same L3`` (another core sharing
+    the first CPU's last-level cache) and ``other L3`` (a core of the same
+    node under another one)."""
     allowed = sorted(frozenset(mask) & host.cpus)
     out: dict[str, tuple[int | None, int | None]] = {}
     if not allowed:
@@ -200,9 +205,16 @@ def pair_kinds(host: Host, mask: Iterable[int]) -> dict[str, tuple[int | None, i
     if sibling is not None:
         out["SMT sibling"] = (a, sibling)
     others = [c for c in allowed if core is None or c not in core.cpus]
-    same_node = next((c for c in others if host.node_of(c) == node), None)
-    if same_node is not None:
-        out["other core"] = (a, same_node)
+    same_node = [c for c in others if host.node_of(c) == node]
+    cache = host.cache_of(a)
+    apart = next((c for c in same_node if host.cache_of(c) != cache), None)
+    if cache is not None and apart is not None:
+        shared = next((c for c in same_node if host.cache_of(c) == cache), None)
+        if shared is not None:
+            out["same L3"] = (a, shared)
+        out["other L3"] = (a, apart)
+    elif same_node:
+        out["other core"] = (a, same_node[0])
     other_node = next((c for c in others if host.node_of(c) != node), None)
     if other_node is not None:
         out["other node"] = (a, other_node)

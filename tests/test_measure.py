@@ -133,6 +133,43 @@ def test_pair_kinds_of_the_dgx_h100():
     assert "other node" not in pair_kinds(host, range(56))
 
 
+def test_pair_kinds_split_other_core_by_last_level_cache_on_the_epyc():
+    """The EPYC's node has an L3 every 8 cores (CPUs c and c+192): the pairs
+    are one under CPU 0's L3 and one under the next."""
+    host = host_named("amd-8gpu")
+    assert pair_kinds(host, host.cpus) == {
+        "same CPU": (0, 0),
+        "SMT sibling": (0, 192),
+        "same L3": (0, 1),
+        "other L3": (0, 8),
+        "other node": (0, 96),
+        "unpinned": (None, None),
+    }
+    # One complex in the mask: one L3, so no split.
+    assert "other core" in pair_kinds(host, range(8))
+    assert "other L3" not in pair_kinds(host, range(8))
+    # Only CPUs under other L3s than CPU 0's besides it: no same-L3 pair.
+    kinds = pair_kinds(host, [0, 8, 16])
+    assert kinds["other L3"] == (0, 8) and "same L3" not in kinds
+
+
+def test_the_doctor_compares_handoffs_within_and_across_l3():
+    host = host_named("amd-8gpu")
+    fake = {
+        k: cpupin.handoff.HandoffResult((0, 1), "futex", i, 100, m, m, m, m, m)
+        for k, i, m in [
+            ("same CPU busy", 0, 4_000),
+            ("same L3 busy", 0, 5_000),
+            ("same L3 idle", 200, 9_000),
+            ("other L3 busy", 0, 7_000),
+            ("other L3 idle", 200, 11_000),
+        ]
+    }
+    d = diagnose(host, fake)
+    assert d.verdict == "off" and "(same L3)" in d.why
+    assert any("7.0 µs against 5.0 µs" in note for note in d.notes)
+
+
 # --- the doctor -------------------------------------------------------------------
 
 
@@ -155,9 +192,10 @@ def test_the_doctor_on_this_machine_follows_its_own_numbers(capsys):
             "latency_us": deepest.latency_us,
         }
     handoffs = data["handoff_ns"]
-    if "other core idle" in handoffs:
-        idle = handoffs["other core idle"]
-        penalty = (idle["wake_median_ns"] or idle["median_ns"]) - handoffs["other core busy"][
+    kind = next((k for k in ("other core", "same L3", "other L3") if f"{k} idle" in handoffs), None)
+    if kind is not None:
+        idle = handoffs[f"{kind} idle"]
+        penalty = (idle["wake_median_ns"] or idle["median_ns"]) - handoffs[f"{kind} busy"][
             "median_ns"
         ]
         assert data["verdict"] == ("auto" if penalty >= IDLE_PENALTY_NS else "off")

@@ -312,6 +312,13 @@ def test_docs_placement_states_the_numbers_these_tests_compute():
     assert "4 core(s) for 6 GPU(s), and each needs two" in third.reason
     for fact in ("**97,225**", "**102**", "**35,163**", "core **44**", "4 core(s) for 6 GPU(s)"):
         assert fact in text, fact
+    pct = [place(PCT, PCT.cpus, [gpu], "auto") for gpu in ("0000:17:00.0", "0000:3d:00.0")]
+    assert [p.step_cpus for p in pct] == [((4, 132),), ((12, 140),)]
+    assert [p.result_cpu for p in pct] == [31, 30]
+    bf = place(SST_BF, SST_BF.cpus, ["0000:3b:00.0"], "auto")
+    assert bf.step_cpus == ((3, 51),) and bf.result_cpu == 22
+    for fact in ("**4,132**", "**12,140**", "**31** and **30**", "**3,51**", "**22**"):
+        assert fact in text, fact
 
 
 # --- core classes -----------------------------------------------------------------
