@@ -9,9 +9,10 @@ policy. Here:
 
 - :func:`decide_binding` is pure: the binding is a function of the host, the
   process mask, the target (a GPU or a node), the modes and the nodes the
-  process may allocate on (``Mems_allowed``). CPUs are the process mask
-  within the node, never outside the mask and never empty; memory goes only
-  to a node that has memory and that the process may use.
+  process may allocate on (``Mems_allowed``). CPUs are chosen by the mode
+  (the node, its package, an exclusive share of the node, one last-level
+  cache of it, or a list), always within the process mask and never empty;
+  memory goes only to nodes that have memory and that the process may use.
 - :func:`bind_process` reads, decides and applies, in that order: the CPU
   mask of every thread of the process first (and :func:`~cpupin.process_cpus`
   becomes it, so that :class:`~cpupin.Thread` and :class:`~cpupin.ThreadPool`
@@ -40,32 +41,42 @@ import dataclasses
 import errno
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from . import _native
 from ._sysfs import Reader
-from .cpulist import format_cpulist, parse_cpulist
+from .cpulist import cpus_phrase, format_cpulist, parse_cpulist
 from .errors import PlanError, excerpt
 from .process import process_cpus, set_process_cpus, thread_masks
 from .topology import Host, read_host
 
 __all__ = [
+    "CPU_MODES",
+    "MEMORY_MODES",
     "Binding",
     "bind_process",
     "decide_binding",
+    "device_address",
     "gpu_node",
     "memory_binding_check",
+    "parse_cpus",
     "read_mems_allowed",
 ]
 
 
-CpuMode = Literal["node", "keep"]
-MemoryMode = Literal["preferred", "bind", "none"]
-CPU_MODES: tuple[str, ...] = ("node", "keep")
-MEMORY_MODES: tuple[str, ...] = ("preferred", "bind", "none")
-_MPOL = {"preferred": _native.MPOL_PREFERRED, "bind": _native.MPOL_BIND}
+CpuMode = Literal["node", "socket", "exclusive", "cache", "keep"]
+MemoryMode = Literal["preferred", "bind", "interleave", "none"]
+#: The CPU modes by name; any other text is read as a CPU list.
+CPU_MODES: tuple[str, ...] = ("node", "socket", "exclusive", "cache", "keep")
+MEMORY_MODES: tuple[str, ...] = ("preferred", "bind", "interleave", "none")
+_MPOL = {
+    "preferred": _native.MPOL_PREFERRED,
+    "bind": _native.MPOL_BIND,
+    "interleave": _native.MPOL_INTERLEAVE,
+}
+_CPUS_ACCEPTED = "node, socket, exclusive, cache, keep, or a CPU list such as 0-7,64-71"
 
 
 @dataclass(frozen=True)
@@ -83,14 +94,19 @@ class Binding:
     cpus: frozenset[int]
     """The process mask after the binding (never empty)."""
     memory_policy: str
-    """``"preferred"``, ``"bind"`` or ``"none"``: what is in force."""
+    """``"preferred"``, ``"bind"``, ``"interleave"`` or ``"none"``: what is
+    in force."""
     memory_nodes: frozenset[int]
     reason: str = ""
+    mode: str = "node"
+    """The CPU mode: ``node``, ``socket``, ``exclusive``, ``cache``, ``keep``,
+    or ``list`` for an explicit CPU list."""
 
     def as_dict(self) -> dict[str, object]:
         return {
             "device": self.device,
             "node": self.node,
+            "mode": self.mode,
             "cpus": sorted(self.cpus),
             "memory": {"policy": self.memory_policy, "nodes": sorted(self.memory_nodes)},
             "reason": self.reason,
@@ -121,34 +137,73 @@ def gpu_node(host: Host, address: str) -> tuple[int | None, str]:
     )
 
 
+def parse_cpus(value: object) -> tuple[str, frozenset[int] | None]:
+    """The CPU mode of ``value``: a mode name, or ``("list", CPUs)`` for a CPU
+    list (``"0-7,64-71"`` or an iterable of CPU numbers). :class:`ValueError`
+    names the value and the accepted forms."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text in CPU_MODES:
+            return text, None
+        try:
+            listed = parse_cpulist(text)
+        except ValueError:
+            listed = frozenset()
+        if listed:
+            return "list", listed
+        raise ValueError(f"cpus={excerpt(value)}: use {_CPUS_ACCEPTED}")
+    if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        items = list(value)
+        if items and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in items):
+            return "list", frozenset(items)
+    raise ValueError(f"cpus={excerpt(value)}: use {_CPUS_ACCEPTED}")
+
+
+def _check_memory(memory: object) -> None:
+    if memory not in MEMORY_MODES:
+        raise ValueError(
+            f"memory={excerpt(memory)}: use 'preferred', 'bind', 'interleave' or 'none'"
+        )
+
+
 def decide_binding(
     host: Host,
     mask: frozenset[int],
     *,
     device: str | None = None,
     node: int | None = None,
-    cpus: str = "node",
+    cpus: str | Iterable[int] = "node",
     memory: str = "preferred",
     mems_allowed: frozenset[int] | None = None,
 ) -> Binding:
     """The binding of a process with ``mask`` on ``host``: pure, no I/O.
 
     ``device`` is a canonical PCI address of one of the host's GPUs, or
-    ``node`` a node id; exactly one. ``mems_allowed`` is the set of nodes the
-    process may allocate on (``None``: unknown, every node).
+    ``node`` a node id; exactly one, except that a CPU list needs neither.
+    ``cpus`` is a mode of :data:`CPU_MODES` or a CPU list (see
+    :func:`bind_process`). ``mems_allowed`` is the set of nodes the process
+    may allocate on (``None``: unknown, every node).
     """
-    _check_modes(cpus, memory)
-    if (device is None) == (node is None):
+    mode, listed = parse_cpus(cpus)
+    _check_memory(memory)
+    if listed is None and (device is None) == (node is None):
         raise ValueError("name exactly one of device and node")
+    if device is not None and node is not None:
+        raise ValueError("name at most one of device and node")
+    if mode in ("exclusive", "cache") and device is None:
+        raise ValueError(
+            f"cpus={mode!r} shares a node among its GPUs: name the GPU (device=, --gpu, "
+            "--device or --local-rank), or use cpus='node'"
+        )
     if not mask:
         raise PlanError("an empty process mask: nothing to bind")
     reasons = []
+    target: int | None = None
     if device is not None:
         target, note = gpu_node(host, device)
         if note:
             reasons.append(note)
-    else:
-        assert node is not None
+    elif node is not None:
         ids = {n.id for n in host.nodes}
         if node not in ids:
             raise PlanError(
@@ -163,47 +218,165 @@ def decide_binding(
             )
             target = None
     new = mask
-    node_cpus = frozenset[int]() if target is None else _node_cpus(host, target)
-    if cpus == "node" and target is not None:
-        new = mask & node_cpus
-        if not new:
-            new = mask
+    if listed is not None:
+        new = _listed(host, mask, listed, reasons)
+    elif mode != "keep" and target is not None:
+        chosen = _mode_cpus(host, mask, target, mode, device, reasons)
+        if chosen:
+            new = chosen
+    wanted = _memory_nodes(host, mode, target, new)
+    policy, nodes = _memory(host, memory, target, wanted, mems_allowed, reasons)
+    if policy != "none":
+        homes = {n for n in map(host.node_of, new) if n is not None}
+        if not homes & nodes:
             reasons.append(
-                f"node {target}'s CPUs {format_cpulist(node_cpus)} are all outside the "
-                f"process mask {format_cpulist(mask)}: the mask is kept"
+                f"the process's CPUs (node {format_cpulist(homes) or '?'}) and its memory (node "
+                f"{format_cpulist(nodes)}) are on different nodes, and every access to memory "
+                "crosses between them: give "
+                f"the process CPUs of node {format_cpulist(nodes)} (the launcher's CPU set), or "
+                "pass memory='none' (--memory none) to keep memory with the CPUs"
             )
-    policy, nodes = "none", frozenset[int]()
-    if memory != "none" and target is not None:
-        if host.memory_nodes is not None and target not in host.memory_nodes:
-            reasons.append(f"node {target} has no memory: no memory policy")
-        elif mems_allowed is not None and target not in mems_allowed:
+    return Binding(device, target, new, policy, nodes, "; ".join(reasons), mode)
+
+
+def _listed(
+    host: Host, mask: frozenset[int], listed: frozenset[int], reasons: list[str]
+) -> frozenset[int]:
+    """An explicit CPU list, within the online CPUs and the process mask."""
+    offline = listed - host.cpus
+    outside = (listed & host.cpus) - mask
+    chosen = listed & mask & host.cpus
+    if not chosen:
+        raise PlanError(
+            f"cpus={format_cpulist(listed)}: none of these CPUs is online and in the process "
+            f"mask {format_cpulist(mask)}; name CPUs of the mask"
+        )
+    if offline:
+        reasons.append(f"{cpus_phrase(offline, 'is')} not online: left out")
+    if outside:
+        reasons.append(
+            f"{cpus_phrase(outside, 'is')} outside the process mask {format_cpulist(mask)}: "
+            "left out (the launcher's CPU set wins)"
+        )
+    return chosen
+
+
+def _cores_of(host: Host, cpus: frozenset[int]) -> list[frozenset[int]]:
+    """``cpus`` grouped by core (SMT siblings together), by lowest CPU."""
+    cores = [frozenset(core.cpus) & cpus for core in host.cores]
+    return sorted((c for c in cores if c), key=min)
+
+
+def _peers(host: Host, target: int) -> list[str]:
+    """The host's GPUs whose node is ``target``, in PCI address order."""
+    return [g.address for g in host.gpus if gpu_node(host, g.address)[0] == target]
+
+
+def _mode_cpus(
+    host: Host,
+    mask: frozenset[int],
+    target: int,
+    mode: str,
+    device: str | None,
+    reasons: list[str],
+) -> frozenset[int]:
+    """The CPUs ``mode`` chooses on ``target``'s node within ``mask``, or an
+    empty set (the mask is kept) with the reason in ``reasons``."""
+    node_cpus = _node_cpus(host, target)
+    local = mask & node_cpus
+    if not local:
+        reasons.append(
+            f"node {target}'s CPUs {format_cpulist(node_cpus)} are all outside the "
+            f"process mask {format_cpulist(mask)}: the mask is kept"
+        )
+        return frozenset()
+    if mode == "node":
+        return local
+    if mode == "socket":
+        packages = {c.package for c in host.cores if node_cpus.intersection(c.cpus)}
+        if None in packages or len(packages) != 1:
+            reasons.append(f"node {target}'s package is unknown: bound to the node alone")
+            return local
+        within = frozenset(cpu for c in host.cores if c.package in packages for cpu in c.cpus)
+        nodes = {n.id for n in host.cpu_nodes if n.cpus & within}
+        return mask & frozenset(cpu for n in host.cpu_nodes if n.id in nodes for cpu in n.cpus)
+    assert device is not None
+    peers = _peers(host, target)
+    rank = peers.index(device)
+    if mode == "exclusive":
+        cores = _cores_of(host, local)
+        if len(cores) < len(peers):
             reasons.append(
-                f"node {target} is not among the nodes this process may allocate on "
-                f"(Mems_allowed {format_cpulist(mems_allowed) or 'none'}): no memory policy"
+                f"node {target} has {len(cores)} core(s) in the process mask for "
+                f"{len(peers)} GPU(s): exclusive cannot give each GPU a core of its own; "
+                "the mask is kept"
+            )
+            return frozenset()
+        share, extra = divmod(len(cores), len(peers))
+        start = rank * share + min(rank, extra)
+        end = start + share + (1 if rank < extra else 0)
+        return frozenset(cpu for core in cores[start:end] for cpu in core)
+    # cache: one last-level cache domain, the fullest first, a GPU each while
+    # they last (the rank wraps round when the node has more GPUs).
+    if not host.caches:
+        reasons.append("the host's cache domains are unknown: bound to the node instead")
+        return local
+    domains: dict[int, set[int]] = {}
+    for cpu in local:
+        index = host.cache_of(cpu)
+        domains.setdefault(-1 if index is None else index, set()).add(cpu)
+    ordered = sorted(domains.items(), key=lambda item: (-len(item[1]), item[0]))
+    return frozenset(ordered[rank % len(ordered)][1])
+
+
+def _memory_nodes(host: Host, mode: str, target: int | None, cpus: frozenset[int]) -> list[int]:
+    """The nodes the memory policy names, before checks: the target's node,
+    the nodes of the package under ``socket``, the nodes of the CPUs of a
+    list (the target's first, where there is one)."""
+    if mode == "list":
+        homes = sorted({n for n in map(host.node_of, cpus) if n is not None})
+        return sorted(homes, key=lambda n: n != target)
+    if target is None:
+        return []
+    if mode == "socket":
+        homes = sorted({n for n in map(host.node_of, cpus) if n is not None})
+        return sorted(set(homes) | {target}, key=lambda n: n != target)
+    return [target]
+
+
+def _memory(
+    host: Host,
+    memory: str,
+    target: int | None,
+    wanted: list[int],
+    mems_allowed: frozenset[int] | None,
+    reasons: list[str],
+) -> tuple[str, frozenset[int]]:
+    """The policy and its nodes: ``wanted`` less the nodes without memory and
+    those the process may not allocate on, each named in ``reasons``."""
+    if memory == "none" or not wanted:
+        return "none", frozenset()
+    kept = []
+    for n in wanted:
+        if host.memory_nodes is not None and n not in host.memory_nodes:
+            reasons.append(f"node {n} has no memory: no memory policy there")
+        elif mems_allowed is not None and n not in mems_allowed:
+            reasons.append(
+                f"node {n} is not among the nodes this process may allocate on "
+                f"(Mems_allowed {format_cpulist(mems_allowed) or 'none'}): no memory policy there"
             )
         else:
-            policy, nodes = memory, frozenset({target})
-    if policy != "none" and not new & node_cpus:
-        homes = {n for n in map(host.node_of, new) if n is not None}
-        reasons.append(
-            f"the process's CPUs (node {format_cpulist(homes) or '?'}) and its memory (node "
-            f"{target}) are on different nodes, and every access to memory crosses between "
-            "them: give "
-            f"the process CPUs of node {target} (the launcher's CPU set), or pass "
-            "memory='none' (--memory none) to keep memory with the CPUs"
-        )
-    return Binding(device, target, new, policy, nodes, "; ".join(reasons))
+            kept.append(n)
+    if not kept:
+        return "none", frozenset()
+    if memory == "preferred":
+        # MPOL_PREFERRED names one node: the target's, else the first kept.
+        return memory, frozenset(kept[:1])
+    return memory, frozenset(kept)
 
 
 def _node_cpus(host: Host, node: int) -> frozenset[int]:
     return next((n.cpus for n in host.nodes if n.id == node), frozenset())
-
-
-def _check_modes(cpus: object, memory: object) -> None:
-    if cpus not in CPU_MODES:
-        raise ValueError(f"cpus={excerpt(cpus)}: use 'node' or 'keep'")
-    if memory not in MEMORY_MODES:
-        raise ValueError(f"memory={excerpt(memory)}: use 'preferred', 'bind' or 'none'")
 
 
 def read_mems_allowed(root: str = "/") -> frozenset[int] | None:
@@ -229,7 +402,7 @@ _warned: set[int] = set()
 _warned_lock = threading.Lock()
 
 
-def _refusal(err: int, policy: str, node: int) -> str:
+def _refusal(err: int, policy: str, node: int | str) -> str:
     if err == errno.EPERM:
         return (
             f"the kernel refused the {policy} memory policy on node {node} (EPERM): a "
@@ -251,7 +424,7 @@ def bind_process(
     device: str | int | None = None,
     *,
     node: int | None = None,
-    cpus: str = "node",
+    cpus: str | Iterable[int] = "node",
     memory: str = "preferred",
     root: str | os.PathLike[str] = "/",
     environ: Mapping[str, str] | None = None,
@@ -263,19 +436,37 @@ def bind_process(
     ``device`` is a PCI address or a CUDA device index, resolved as
     :func:`~cpupin.plan_server` does (through ``CUDA_VISIBLE_DEVICES`` in
     ``environ``, onto the host's GPUs in PCI order); exactly one of
-    ``device`` and ``node``. ``cpus="node"`` moves every thread of the
-    process to the process mask within the node and makes that the process
-    mask; ``"keep"`` moves nothing. ``memory`` sets the calling thread's
-    policy (inherited by the threads it starts): ``"preferred"``
-    (``MPOL_PREFERRED``), ``"bind"`` (``MPOL_BIND``) or ``"none"``.
+    ``device`` and ``node``, except that a CPU list needs neither.
 
-    Raises :class:`PlanError` for a device or node the host lacks, and
-    ``OSError`` when a thread cannot be moved (the moves made are undone,
-    and no memory policy is set). A memory policy the kernel refuses is a
-    reason, not an exception, unless ``strict`` and ``memory="bind"``.
+    ``cpus`` chooses the CPUs, always within the process mask (the
+    launcher's CPU set), and every thread of the process moves there:
+
+    - ``"node"``: the node's CPUs;
+    - ``"socket"``: the CPUs of every node of the node's package;
+    - ``"exclusive"``: the node's cores (SMT siblings together) divided
+      among the host's GPUs on the node in PCI order, the lowest GPUs taking
+      one more where they do not divide evenly, as torch defines it;
+    - ``"cache"``: one last-level cache domain of the node, the fullest
+      first, a domain for each GPU of the node in PCI order while they last
+      (then they wrap round), as torch's ``core-complex``;
+    - a CPU list (``"0-7,64-71"`` or CPU numbers): those CPUs;
+    - ``"keep"``: moves nothing.
+
+    ``memory`` sets the calling thread's policy (inherited by the threads it
+    starts): ``"preferred"`` (``MPOL_PREFERRED``, the target's node),
+    ``"bind"`` (``MPOL_BIND``) or ``"interleave"`` (``MPOL_INTERLEAVE``)
+    over the chosen nodes (the package's under ``socket``, the list's CPUs'
+    under a list, else the target's), or ``"none"``.
+
+    Raises :class:`PlanError` for a device or node the host lacks (on a host
+    without GPUs, a device names nothing: name the node), and ``OSError``
+    when a thread cannot be moved (the moves made are undone, and no memory
+    policy is set). A memory policy the kernel refuses is a reason, not an
+    exception, unless ``strict`` and ``memory="bind"``.
     """
-    _check_modes(cpus, memory)
-    if (device is None) == (node is None):
+    mode, listed = parse_cpus(cpus)
+    _check_memory(memory)
+    if listed is None and (device is None) == (node is None):
         raise ValueError("bind_process: name exactly one of device and node")
     if node is not None and (isinstance(node, bool) or not isinstance(node, int) or node < 0):
         raise ValueError(f"node {excerpt(node)} is not a node id: give a whole number from 0")
@@ -286,27 +477,38 @@ def bind_process(
             f"the process mask {format_cpulist(process_cpus())} holds no online CPU of the "
             f"host under {host.root}"
         )
-    address = None
-    if device is not None:
-        from .server import resolve_devices  # its imports cost a binding that names a node
-
-        (address,) = resolve_devices([device], host, environ)
+    address = None if device is None else device_address(host, device, environ)
     decided = decide_binding(
         host,
         mask,
         device=address,
         node=node,
-        cpus=cpus,
+        cpus=listed if listed is not None else mode,
         memory=memory,
         mems_allowed=read_mems_allowed(os.fspath(root)),
     )
-    if cpus == "node":
+    if mode != "keep":
         left = _move_every_thread(decided.cpus)
         set_process_cpus(decided.cpus)
         if left:
             reason = f"{decided.reason}; {left}" if decided.reason else left
             decided = dataclasses.replace(decided, reason=reason)
     return _apply_memory(decided, strict)
+
+
+def device_address(host: Host, device: str | int, environ: Mapping[str, str] | None = None) -> str:
+    """The PCI address of a device index or address on ``host``; on a host
+    without GPUs, :class:`PlanError` saying to name the node instead."""
+    if not host.gpus:
+        raise PlanError(
+            f"device {excerpt(device)}: this host has no GPU (no display-class PCI function "
+            "of NVIDIA, AMD or Intel under sys/bus/pci/devices), so a GPU index names nothing "
+            "to bind to; name the node instead: node=0 (cpupin exec --node 0)"
+        )
+    from .server import resolve_devices  # its imports cost a binding that names a node
+
+    (address,) = resolve_devices([device], host, environ)
+    return address
 
 
 #: Passes over the thread list before a binding gives up on threads that
@@ -351,12 +553,12 @@ def _move_every_thread(cpus: frozenset[int]) -> str:
 
 
 def _apply_memory(decided: Binding, strict: bool) -> Binding:
-    if decided.memory_policy == "none" or decided.node is None:
+    if decided.memory_policy == "none" or not decided.memory_nodes:
         return decided
     reasons = [decided.reason] if decided.reason else []
     rc = _set_mempolicy(_MPOL[decided.memory_policy], decided.memory_nodes)
     if rc < 0:
-        why = _refusal(-rc, decided.memory_policy, decided.node)
+        why = _refusal(-rc, decided.memory_policy, format_cpulist(decided.memory_nodes))
         if strict and decided.memory_policy == "bind":
             raise OSError(-rc, why)
         with _warned_lock:
@@ -367,13 +569,8 @@ def _apply_memory(decided: Binding, strict: bool) -> Binding:
 
             logging.getLogger("cpupin").warning("cpupin: %s", why)
         reasons.append(why)
-        return Binding(
-            decided.device,
-            decided.node,
-            decided.cpus,
-            "none",
-            frozenset(),
-            "; ".join(reasons),
+        return dataclasses.replace(
+            decided, memory_policy="none", memory_nodes=frozenset(), reason="; ".join(reasons)
         )
     others = len(_native.thread_stats()) - 1
     if others > 0:
@@ -381,14 +578,7 @@ def _apply_memory(decided: Binding, strict: bool) -> Binding:
             f"{others} other thread(s) already running keep their memory policy (a policy "
             "is per thread): bind before starting threads"
         )
-    return Binding(
-        decided.device,
-        decided.node,
-        decided.cpus,
-        decided.memory_policy,
-        decided.memory_nodes,
-        "; ".join(reasons),
-    )
+    return dataclasses.replace(decided, reason="; ".join(reasons))
 
 
 def memory_binding_check() -> tuple[bool, str]:

@@ -136,7 +136,7 @@ def test_a_gpu_without_a_node_on_a_multi_node_host_binds_nothing():
         ({"device": "0000:01:00.0"}, "not a GPU of this host"),
         ({"node": 7}, "node 7 is not a node of this host"),
         ({"node": 0, "cpus": "all"}, "cpus='all'"),
-        ({"node": 0, "memory": "interleave"}, "memory='interleave'"),
+        ({"node": 0, "memory": "weave"}, "memory='weave'"),
         ({}, "exactly one"),
         ({"node": 0, "device": "0000:18:00.0"}, "exactly one"),
     ],
@@ -306,8 +306,13 @@ def test_memory_binding_check_says_why_it_cannot(monkeypatch):
 
 
 def test_bind_process_refuses_a_device_this_host_lacks():
-    with pytest.raises(PlanError, match="not a GPU of this host"):
-        binding.bind_process("0000:3b:00.0", cpus="keep", memory="none")
+    if binding.read_host("/").gpus:
+        with pytest.raises(PlanError, match="not a GPU of this host"):
+            binding.bind_process("0000:3b:00.0", cpus="keep", memory="none")
+    else:  # this machine: a device names nothing, and the message says what does
+        for device in ("0000:3b:00.0", 0):
+            with pytest.raises(PlanError, match=r"has no GPU.*name the node instead: node=0"):
+                binding.bind_process(device, cpus="keep", memory="none")
     with pytest.raises(ValueError, match="node -1"):
         binding.bind_process(node=-1)
 
@@ -334,12 +339,46 @@ def test_exec_binds_the_command_it_runs():
     assert "bind:0" in numa_maps_policies(maps)
 
 
+@pytest.mark.parametrize("cpus", ["first", "socket"])
+def test_exec_interleaves_memory_over_the_chosen_nodes_for_real(cpus):
+    """A CPU list (with no target) and socket mode, run for real: the child's
+    affinity is the list (or the whole node of this one-package machine),
+    its policy MPOL_INTERLEAVE over node 0 as get_mempolicy and numa_maps
+    report it."""
+    code = (
+        "import json, os; from cpupin import _native; "
+        "print(json.dumps([_native.get_mempolicy()[0], sorted(_native.get_mempolicy()[1]), "
+        "sorted(os.sched_getaffinity(0)), open('/proc/self/numa_maps').read()]))"
+    )
+    here = sorted(os.sched_getaffinity(0))
+    first = str(here[0])
+    target = [] if cpus == "first" else ["--node", "0"]
+    chosen = first if cpus == "first" else cpus
+    out = cpupin(
+        "exec",
+        *target,
+        "--cpus",
+        chosen,
+        "--memory",
+        "interleave",
+        "--",
+        sys.executable,
+        "-c",
+        code,
+    )
+    assert out.returncode == 0, out.stderr
+    mode, nodes, mask, maps = json.loads(out.stdout)
+    assert (mode, nodes) == (binding._native.MPOL_INTERLEAVE, [0])
+    assert mask == ([here[0]] if cpus == "first" else here)
+    assert "interleave:0" in numa_maps_policies(maps)
+
+
 def test_exec_dry_run_json_has_exactly_the_documented_shape():
     out = cpupin(
         "exec", "--host", "dgx-h100", "--device", "0", "--dry-run", "--json", "--", "python", "x"
     )
     data = json.loads(out.stdout)
-    assert set(data) == {"device", "node", "cpus", "memory", "reason", "pools", "argv"}
+    assert set(data) == {"device", "node", "mode", "cpus", "memory", "reason", "pools", "argv"}
     assert set(data["memory"]) == {"policy", "nodes"}
     assert data["device"] == "0000:18:00.0" and data["node"] == 0
     assert data["argv"] == ["python", "x"] and data["memory"]["nodes"] == [0]
@@ -374,10 +413,36 @@ def test_exec_local_rank_takes_the_device_from_torchrun_or_slurm(capsys, monkeyp
     assert json.loads(capsys.readouterr().out)["device"] == "0000:2a:00.0"
 
 
-def test_exec_with_a_mask_answers_for_a_narrowed_launcher(capsys):
-    argv = ["exec", "--host", "dgx-h100", "--gpu", "0000:ab:00.0", "--mask", "50-59"]
-    assert main([*argv, "--dry-run", "--json", "--", "x"]) == 0
-    assert json.loads(capsys.readouterr().out)["cpus"] == [56, 57, 58, 59]
+@pytest.mark.parametrize(
+    "name",
+    ["LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK"],
+)
+def test_exec_local_rank_reads_each_launchers_variable(capsys, monkeypatch, name):
+    for other in (
+        "LOCAL_RANK",
+        "SLURM_LOCALID",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+    ):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(name, "6")
+    argv = ["exec", "--host", "dgx-h100", "--local-rank", "--dry-run", "--json", "--", "x"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["device"] == "0000:ba:00.0"
+
+
+def test_gpu_index_paths_on_a_host_without_gpus_say_to_name_the_node(tmp_path):
+    """exec --local-rank and --device on a GPU-less host: one line naming
+    --node, exit 2; --node works there."""
+    from cpupin.hosts import build_tree
+
+    root = build_tree(replace(HOSTS["dgx-h100"], gpus=()), tmp_path)
+    for args, env in ((["--device", "0"], {}), (["--local-rank"], {"LOCAL_RANK": "0"})):
+        out = cpupin("exec", "--root", root, "--dry-run", *args, "--", "x", env=env)
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert "has no GPU" in out.stderr and "cpupin exec --node 0" in out.stderr
+    out = cpupin("exec", "--root", root, "--dry-run", "--node", "0", "--", "x")
+    assert out.returncode == 0 and "cpus   0-55,112-167" in out.stdout
 
 
 @pytest.mark.parametrize(
@@ -388,8 +453,10 @@ def test_exec_with_a_mask_answers_for_a_narrowed_launcher(capsys):
         (["--node", "0"], "no command to run"),
         (["--node", "0", "--"], "no command to run"),
         (["--host", "dgx-h100", "--node", "0", "--", "x"], "use them with --dry-run"),
-        (["--node", "0", "--memory", "interleave", "--", "x"], "invalid choice"),
-        (["--", "x"], "one of the arguments"),
+        (["--node", "0", "--memory", "weave", "--", "x"], "invalid choice"),
+        (["--node", "0", "--cpus", "nodes", "--", "x"], "--cpus 'nodes': use node, socket"),
+        (["--node", "0", "--cpus", "exclusive", "--dry-run", "--", "x"], "name the GPU"),
+        (["--", "x"], "name the GPU (--gpu, --device or --local-rank) or the node"),
         (["--local-rank", "--dry-run", "--", "x"], "LOCAL_RANK"),
     ],
 )

@@ -7,7 +7,13 @@ import os
 import signal
 import sys
 
-from cpupin.binding import bind_process, decide_binding, read_mems_allowed
+from cpupin.binding import (
+    bind_process,
+    decide_binding,
+    device_address,
+    parse_cpus,
+    read_mems_allowed,
+)
 from cpupin.cpulist import format_cpulist
 from cpupin.cpuplan import CpuPlan
 from cpupin.errors import excerpt
@@ -26,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "numactl --cpunodebind=N --preferred=N chosen from the GPU, respecting the launcher's "
         "CPU set. Exits 127 when the command is not found, 126 when it cannot run.",
     )
-    target = cmd.add_mutually_exclusive_group(required=True)
+    target = cmd.add_mutually_exclusive_group()
     target.add_argument("--gpu", metavar="ADDR", help="the GPU's PCI address")
     target.add_argument(
         "--device",
@@ -37,15 +43,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     target.add_argument(
         "--local-rank",
         action="store_true",
-        help="the device index from LOCAL_RANK (torchrun), else SLURM_LOCALID",
+        help="the device index from LOCAL_RANK (torchrun), else SLURM_LOCALID (Slurm), "
+        "OMPI_COMM_WORLD_LOCAL_RANK (Open MPI) or MV2_COMM_WORLD_LOCAL_RANK (MVAPICH)",
     )
     target.add_argument("--node", type=_args.whole("--node", 0, 65535), metavar="N", help="node N")
-    cmd.add_argument("--cpus", choices=("node", "keep"), default="node", help="node (default)")
+    cmd.add_argument(
+        "--cpus",
+        type=_cpus_arg,
+        default="node",
+        metavar="MODE",
+        help="node (the default): the node's CPUs; socket: every node of its package; "
+        "exclusive: the node's cores divided among its GPUs; cache: one last-level cache "
+        "domain of the node a GPU; keep: move nothing; or a CPU list such as 0-7,64-71. "
+        "Always within the process mask",
+    )
     cmd.add_argument(
         "--memory",
-        choices=("preferred", "bind", "none"),
+        choices=("preferred", "bind", "interleave", "none"),
         default="preferred",
-        help="the memory policy (preferred: the default)",
+        help="the memory policy: preferred (the default) on the node; bind or interleave over "
+        "the chosen nodes (the package's under --cpus socket); none",
     )
     cmd.add_argument(
         "--no-pools",
@@ -61,18 +78,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd.set_defaults(handler=run)
 
 
+#: Where launchers put the local rank, in the order they are read.
+LOCAL_RANK_VARS = (
+    ("LOCAL_RANK", "torchrun"),
+    ("SLURM_LOCALID", "Slurm"),
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI"),
+    ("MV2_COMM_WORLD_LOCAL_RANK", "MVAPICH"),
+)
+
+
+def _cpus_arg(text: str) -> str:
+    try:
+        parse_cpus(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("cpus=", "--cpus ", 1)) from None
+    return text.strip()
+
+
 def _local_rank() -> int:
-    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+    for name, _ in LOCAL_RANK_VARS:
         text = os.environ.get(name)
         if text is not None:
             body = text.strip()
             if not (body.isascii() and body.isdigit() and len(body) <= 6):
                 raise ValueError(f"--local-rank: {name}={excerpt(text)} is not a device index")
             return int(body)
-    raise ValueError(
-        "--local-rank: neither LOCAL_RANK (torchrun) nor SLURM_LOCALID (Slurm) is set; "
-        "name the GPU with --gpu or --device"
-    )
+    names = ", ".join(f"{name} ({who})" for name, who in LOCAL_RANK_VARS)
+    raise ValueError(f"--local-rank: none of {names} is set; name the GPU with --gpu or --device")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +118,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             "--root, --host and --mask describe another host or mask: use them with --dry-run"
         )
+    listed = parse_cpus(args.cpus)[1] is not None
+    if not (listed or args.gpu or args.device is not None or args.local_rank) and args.node is None:
+        raise ValueError(
+            "name the GPU (--gpu, --device or --local-rank) or the node (--node), or give "
+            "--cpus a CPU list: cpupin exec --local-rank -- python serve.py"
+        )
     device: str | int | None = None
     if args.gpu is not None:
         device = args.gpu
@@ -96,9 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         host, _, mask = _args.load_host(args)
         mask = _args.mask_arg(args.mask, host, mask)
-        from cpupin.server import resolve_devices
-
-        address = None if device is None else resolve_devices([device], host)[0]
+        address = None if device is None else device_address(host, device)
         binding = decide_binding(
             host,
             mask,
@@ -117,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
             )
             return 0
         print(f"device {binding.device or '-'}, node {_or_none(binding.node)}")
-        print(f"cpus   {format_cpulist(binding.cpus)} ({len(binding.cpus)} CPUs)")
+        print(
+            f"cpus   {format_cpulist(binding.cpus)} ({len(binding.cpus)} CPUs, --cpus {args.cpus})"
+        )
         memory = (
             f"{binding.memory_policy} on node {format_cpulist(binding.memory_nodes)}"
             if binding.memory_policy != "none"
