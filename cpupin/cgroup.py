@@ -116,6 +116,21 @@ def _membership(r: Reader, proc: str = "self") -> tuple[str | None, dict[str, st
     return unified, v1
 
 
+#: The longest cgroup path kept (the kernel's PATH_MAX).
+_MAX_PATH = 4096
+
+
+def cgroup_path(r: Reader, proc: str = "self") -> str | None:
+    """The process's cgroup path: its v2 path, else its v1 cpuset or cpu
+    controller's; ``None`` when ``proc/<proc>/cgroup`` does not say."""
+    unified, v1 = _membership(r, proc)
+    path = unified if unified not in (None, "/") or not v1 else v1.get("cpuset") or v1.get("cpu")
+    if path is None:
+        return None
+    path = "".join(c for c in path.strip() if c.isprintable())
+    return path[:_MAX_PATH] or None
+
+
 def _chain(r: Reader, mount: str, path: str) -> list[str]:
     """The cgroup's folder and its ancestors up to the mount, leaf first.
     Where the path is not there (a cgroup namespace), the mount itself."""

@@ -80,6 +80,8 @@ class HostSpec:
     """The cgroup v2 ``cpu.max`` text, if any."""
     cpuset: str | None = None
     """The cgroup's ``cpuset.cpus.effective``, if any."""
+    cgroup_path: str = "/cpupin.slice"
+    """The process's cgroup (v2), as ``proc/self/cgroup`` names it."""
     llc_cores: int = 0
     """Cores a last-level cache domain within a node (an AMD core complex:
     8); 0: one domain a node."""
@@ -258,12 +260,13 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
         "".join(f"processor\t: {cpu}\nflags\t\t: {flags}\n\n" for cpu in sorted(online)),
     )
     _write(root, "proc/self/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev 0 0\n")
-    _write(root, "proc/self/cgroup", "0::/cpupin.slice\n")
+    _write(root, "proc/self/cgroup", f"0::{spec.cgroup_path}\n")
     _write(root, "sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n")
-    _write(root, "sys/fs/cgroup/cpupin.slice/cpu.max", (spec.cpu_max or "max 100000") + "\n")
+    folder = "sys/fs/cgroup" + spec.cgroup_path
+    _write(root, f"{folder}/cpu.max", (spec.cpu_max or "max 100000") + "\n")
     _write(
         root,
-        "sys/fs/cgroup/cpupin.slice/cpuset.cpus.effective",
+        f"{folder}/cpuset.cpus.effective",
         (spec.cpuset if spec.cpuset is not None else format_cpulist(online)) + "\n",
     )
     return root

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ._sysfs import Reader
-from .cgroup import Quota, read_cgroup
+from .cgroup import Quota, cgroup_path, read_cgroup
 from .cpulist import MAX_CPUS, cpus_phrase, format_cpulist
 from .errors import excerpt
 
@@ -145,6 +145,8 @@ class Host:
     """The last-level cache domains (``cache_level``): the online CPUs that
     share one, ordered by lowest CPU; empty when sysfs does not say."""
     cache_level: int | None = None
+    cgroup: str | None = None
+    """The process's cgroup path (``proc/self/cgroup``), where it says."""
     reasons: tuple[str, ...] = ()
     """What could not be read, and what was assumed instead."""
 
@@ -653,5 +655,6 @@ def _read(r: Reader) -> Host:
         classes=classes,
         caches=caches,
         cache_level=cache_level,
+        cgroup=cgroup_path(r),
         reasons=tuple(r.reasons),
     )

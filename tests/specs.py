@@ -97,6 +97,7 @@ def spec_host(spec: HostSpec) -> Host:
         classes=classes,
         caches=caches,
         cache_level=3 if caches else None,
+        cgroup=spec.cgroup_path,
     )
 
 

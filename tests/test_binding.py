@@ -378,7 +378,17 @@ def test_exec_dry_run_json_has_exactly_the_documented_shape():
         "exec", "--host", "dgx-h100", "--device", "0", "--dry-run", "--json", "--", "python", "x"
     )
     data = json.loads(out.stdout)
-    assert set(data) == {"device", "node", "mode", "cpus", "memory", "reason", "pools", "argv"}
+    assert set(data) == {
+        "device",
+        "node",
+        "mode",
+        "cpus",
+        "memory",
+        "reason",
+        "pools",
+        "cpus_from",
+        "argv",
+    }
     assert set(data["memory"]) == {"policy", "nodes"}
     assert data["device"] == "0000:18:00.0" and data["node"] == 0
     assert data["argv"] == ["python", "x"] and data["memory"]["nodes"] == [0]

@@ -8,17 +8,21 @@ import signal
 import sys
 
 from cpupin.binding import (
+    Binding,
     bind_process,
     decide_binding,
     device_address,
+    gpu_node,
     parse_cpus,
     read_mems_allowed,
 )
 from cpupin.cpulist import format_cpulist
 from cpupin.cpuplan import CpuPlan
 from cpupin.errors import excerpt
+from cpupin.launcher import explain_cpus
 from cpupin.pools import cpu_plan, pool_env
 from cpupin.process import ENV_PROCESS_CPUS, process_cpus
+from cpupin.topology import Host
 
 from . import _args
 
@@ -147,9 +151,15 @@ def run(args: argparse.Namespace) -> int:
         pools = None
         if not args.no_pools:
             pools = pool_env(CpuPlan.for_host(host, binding.cpus), os.environ)[1]
+        origin = explain_cpus(host, mask, _gpu_of(host, binding))
         if args.json:
             _args.print_json(
-                {**binding.as_dict(), "pools": pools and pools.as_dict(), "argv": argv}
+                {
+                    **binding.as_dict(),
+                    "pools": pools and pools.as_dict(),
+                    "cpus_from": origin.as_dict(),
+                    "argv": argv,
+                }
             )
             return 0
         print(f"device {binding.device or '-'}, node {_or_none(binding.node)}")
@@ -164,12 +174,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"memory {memory}")
         if binding.reason:
             print(f"reason {binding.reason}")
+        for line in origin.lines:
+            print(f"from   {line}")
+        for warning in origin.warnings:
+            print(f"warn   {warning}")
         print(f"pools  {pools if pools else 'left alone (--no-pools)'}")
         print(f"argv   {' '.join(argv)}  (a dry run: nothing applied, nothing run)")
         return 0
+    before = process_cpus()
     binding = bind_process(device, node=args.node, cpus=args.cpus, memory=args.memory)
     if binding.reason:
         print(f"cpupin exec: {binding.reason}", file=sys.stderr)
+    if binding.device is not None:
+        from cpupin.topology import read_host
+
+        here = read_host("/")
+        origin = explain_cpus(here, before, _gpu_of(here, binding))
+        for warning in origin.warnings:
+            print(f"cpupin exec: {warning}", file=sys.stderr)
     env = {**os.environ, ENV_PROCESS_CPUS: format_cpulist(process_cpus())}
     if not args.no_pools:
         env, limits = pool_env(cpu_plan(pinned=()), env)
@@ -189,6 +211,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"cpupin exec: {excerpt(argv[0])}: {exc.strerror}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
     return 0  # not reached: exec replaced this process
+
+
+def _gpu_of(host: Host, binding: Binding) -> list[tuple[str, int | None]]:
+    """The binding's GPU and its node, for the launcher's warning."""
+    if binding.device is None:
+        return []
+    return [(binding.device, gpu_node(host, binding.device)[0])]
 
 
 def _or_none(value: object) -> str:

@@ -9,6 +9,8 @@ from cpupin.binding import memory_binding_check
 from cpupin.cpulist import format_cpulist
 from cpupin.cpuplan import CpuPlan
 from cpupin.doctor import Diagnosis, diagnose, measure_host
+from cpupin.errors import PlanError
+from cpupin.launcher import CpuOrigin, explain_cpus
 from cpupin.pools import cpu_plan, environment_advice
 from cpupin.process import process_cpus
 from cpupin.topology import Host, read_host
@@ -41,6 +43,7 @@ class _Report:
     advice: dict[str, int]
     memory_ok: bool | None
     memory_why: str
+    origin: CpuOrigin
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +73,29 @@ def _examine(args: argparse.Namespace) -> _Report:
     memory_why = "binding not checked (not this machine)"
     if here:
         memory_ok, memory_why = memory_binding_check()
-    return _Report(host, title, mask, diagnosis, plan, problems, advice, memory_ok, memory_why)
+    origin = explain_cpus(host, mask, _visible_gpus(host) if here else ())
+    return _Report(
+        host, title, mask, diagnosis, plan, problems, advice, memory_ok, memory_why, origin
+    )
+
+
+def _visible_gpus(host: Host) -> list[tuple[str, int | None]]:
+    """The GPUs ``CUDA_VISIBLE_DEVICES`` names, with their nodes: those the
+    process will use, whose nodes its CPUs should lie on (none when unset)."""
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not visible or not host.gpus:
+        return []
+    from cpupin.binding import gpu_node
+    from cpupin.server import resolve_devices
+
+    try:
+        count = len([v for v in visible.split(",") if v.strip()])
+        addresses = resolve_devices(range(count), host)
+    except (PlanError, ValueError):
+        return []
+    return [(a, gpu_node(host, a)[0]) for a in addresses]
 
 
 def _print_json(r: _Report) -> None:
@@ -85,6 +110,7 @@ def _print_json(r: _Report) -> None:
             "quota": facts["quota"],
             **r.diagnosis.as_dict(),
             "memory_binding": {"possible": r.memory_ok, "why": r.memory_why},
+            "cpus_from": r.origin.as_dict(),
             "pools": {
                 "usable_cpus": r.plan.usable_cpus,
                 "problems": r.problems,
@@ -113,6 +139,11 @@ def _print_text(r: _Report) -> None:
     )
     quota = f"{host.quota.cpus} CPU(s)" if host.quota else "none"
     print(f"mask     {format_cpulist(r.mask)}; cgroup quota {quota}")
+    print(f"cpus     {r.origin.lines[0]}")
+    for line in r.origin.lines[1:]:
+        print(f"         {line}")
+    for warning in r.origin.warnings:
+        print(f"warning  {warning}")
     if r.memory_ok is None:
         print(f"memory   {r.memory_why}")
     else:

@@ -74,6 +74,8 @@ def _device(kind: str, text: str, host: Host) -> str:
         return parse_pci_address(text)
     if not (text.isascii() and text.isdigit() and len(text) <= 6):
         raise PlanError(f"--device {excerpt(text)} is not a device index")
+    if not host.gpus:
+        return text  # no GPU to resolve to: a worker slot, as plan_server keeps it
     try:
         (address,) = resolve_devices([int(text)], host)
     except PlanError as exc:
@@ -104,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"the process mask names no online CPU of {title}")
     if args.all_gpus or not args.entries:
         if not host.gpus and not args.entries:
-            raise ValueError(f"{title} has no GPU: name worker slots with --gpu or --device")
+            raise ValueError(
+                f"{title} has no GPU, so auto has nothing to rank by: " + _slots(host, allowed)
+            )
         servers = [[g.address] for g in host.gpus]
     else:
         servers = [[_device(kind, text, host) for kind, text in args.entries]]
@@ -136,6 +140,25 @@ def run(args: argparse.Namespace) -> int:
         print("with auto instead of off (what auto would do on this host and mask):")
         _draw(host, allowed, autos, base)
     return 0
+
+
+def _slots(host: Host, allowed: frozenset[int]) -> str:
+    """How to plan on a host without GPUs, as a command that works under this
+    mask: a CPU number, and one worker slot a worker (a label: no GPU)."""
+    cores = sum(1 for core in host.cores if allowed.intersection(core.cpus))
+    first = min(allowed)
+    if cores < 2:
+        return (
+            f"and the mask {format_cpulist(allowed)} holds one core, so no worker core can "
+            "be apart from the result CPU; widen the mask"
+        )
+    workers = min(cores - 1, 2)
+    slots = " ".join(f"--device {i}" for i in range(workers))
+    return (
+        f"name a CPU and a worker slot for each worker, as in cpupin plan --setting {first} "
+        f"{slots} (a slot is only a label where there is no GPU; this mask has room for "
+        f"{cores - 1} worker(s))"
+    )
 
 
 def _usable(base: CpuPlan, p: Placement) -> int:
