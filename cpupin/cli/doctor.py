@@ -10,6 +10,7 @@ from cpupin.cpulist import format_cpulist
 from cpupin.cpuplan import CpuPlan
 from cpupin.doctor import Diagnosis, diagnose, measure_host
 from cpupin.errors import PlanError
+from cpupin.irqs import MAX_LISTED, IrqOnPin, irqbalance_advice, read_irqs
 from cpupin.launcher import CpuOrigin, explain_cpus
 from cpupin.pools import cpu_plan, environment_advice
 from cpupin.process import process_cpus
@@ -25,6 +26,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--measure-here",
         action="store_true",
         help="with --host/--root: measure handoffs on this machine instead",
+    )
+    doctor.add_argument(
+        "--irq-interval",
+        type=_args.seconds(0.0, 10.0),
+        default=0.5,
+        metavar="S",
+        help="seconds between the two reads of /proc/interrupts that give IRQ rates "
+        "(0: one read, no rates; default 0.5)",
     )
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.set_defaults(handler=run)
@@ -44,6 +53,10 @@ class _Report:
     memory_ok: bool | None
     memory_why: str
     origin: CpuOrigin
+    pinned: frozenset[int]
+    pinned_by: str
+    irqs: list[IrqOnPin]
+    irq_notes: list[str]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,9 +87,62 @@ def _examine(args: argparse.Namespace) -> _Report:
     if here:
         memory_ok, memory_why = memory_binding_check()
     origin = explain_cpus(host, mask, _visible_gpus(host) if here else ())
+    pinned, pinned_by = _pinned_cpus(host, mask, here)
+    irqs: list[IrqOnPin] = []
+    if args.host:
+        irq_notes = ["not read: a shipped host has no proc/interrupts"]
+    elif not pinned:
+        irq_notes = [f"not read: {pinned_by}"]
+    else:
+        irqs, irq_notes = read_irqs(host.root, pinned, interval=args.irq_interval)
     return _Report(
-        host, title, mask, diagnosis, plan, problems, advice, memory_ok, memory_why, origin
+        host,
+        title,
+        mask,
+        diagnosis,
+        plan,
+        problems,
+        advice,
+        memory_ok,
+        memory_why,
+        origin,
+        pinned,
+        pinned_by,
+        irqs,
+        irq_notes,
     )
+
+
+def _pinned_cpus(host: Host, mask: frozenset[int], here: bool) -> tuple[frozenset[int], str]:
+    """The CPUs whose interrupts matter: those auto would pin a step or result
+    thread to for every GPU of the host under the mask, and, on this
+    machine, those registered processes pin now; and where they came from."""
+    from cpupin.placement import place
+
+    planned = frozenset().union(*(place(host, mask, [g.address], "auto").cpus for g in host.gpus))
+    registered: frozenset[int] = frozenset()
+    if here:
+        from cpupin._registry_read import read_registry
+
+        registered = frozenset(
+            cpu
+            for record in read_registry().records
+            if record.live and record.kind == "process"
+            for pin in record.pins
+            for cpu in pin.cpus
+        )
+    pinned = planned | registered
+    if not pinned:
+        return pinned, (
+            "no CPU to check: auto pins nothing on this host and mask, and no registered "
+            "process pins a thread"
+        )
+    parts = []
+    if planned:
+        parts.append(f"auto's step and result CPUs {format_cpulist(planned)}")
+    if registered:
+        parts.append(f"registered pins {format_cpulist(registered)}")
+    return pinned, " and ".join(parts)
 
 
 def _visible_gpus(host: Host) -> list[tuple[str, int | None]]:
@@ -111,6 +177,13 @@ def _print_json(r: _Report) -> None:
             **r.diagnosis.as_dict(),
             "memory_binding": {"possible": r.memory_ok, "why": r.memory_why},
             "cpus_from": r.origin.as_dict(),
+            "interrupts": {
+                "pinned_cpus": sorted(r.pinned),
+                "pinned_by": r.pinned_by,
+                "irqs": [i.as_dict() for i in r.irqs[:MAX_LISTED]],
+                "notes": r.irq_notes,
+                "irqbalance": irqbalance_advice(r.pinned, r.irqs) if r.irqs else [],
+            },
             "pools": {
                 "usable_cpus": r.plan.usable_cpus,
                 "problems": r.problems,
@@ -150,6 +223,7 @@ def _print_text(r: _Report) -> None:
         verdict = "possible" if r.memory_ok else "not possible"
         print(f"memory   binding {verdict}: {r.memory_why}")
     _print_pools(r.plan.usable_cpus, r.problems, r.advice)
+    _print_irqs(r)
     if diagnosis.handoff:
         print(f"handoff  one way, median (p99), measured on {diagnosis.measured_on}:")
         for kind, h in diagnosis.handoff.items():
@@ -169,6 +243,30 @@ def _print_text(r: _Report) -> None:
     )
     print(f"verdict  {diagnosis.verdict}: {action}")
     print(f"why      {diagnosis.why}")
+
+
+def _print_irqs(r: _Report) -> None:
+    """The device interrupts that may land on the pinned CPUs."""
+    if not r.pinned or (not r.irqs and r.irq_notes):
+        print(f"irqs     {'; '.join(r.irq_notes)}")
+        return
+    if not r.irqs:
+        print(f"irqs     none may land on {r.pinned_by}")
+        return
+    print(f"irqs     {len(r.irqs)} may land on {r.pinned_by}:")
+    for i in r.irqs[:MAX_LISTED]:
+        rate = "?" if i.per_s is None else f"{i.per_s:.0f}/s"
+        fixed = ", managed" if i.managed else ""
+        print(
+            f"  IRQ {i.irq:>5} {i.kind:5} {rate:>8} on {format_cpulist(i.pinned)} "
+            f"(affinity {format_cpulist(i.cpus)}{fixed}) {i.name}"
+        )
+    if len(r.irqs) > MAX_LISTED:
+        print(f"  ... and {len(r.irqs) - MAX_LISTED} more")
+    for line in irqbalance_advice(r.pinned, r.irqs):
+        print(f"         {line}")
+    for note in r.irq_notes:
+        print(f"note     {note}")
 
 
 def _nodes(host: Host) -> str:
