@@ -262,9 +262,10 @@ def _listed(
 
 
 def _cores_of(host: Host, cpus: frozenset[int]) -> list[frozenset[int]]:
-    """``cpus`` grouped by core (SMT siblings together), by lowest CPU."""
+    """``cpus`` grouped by core (SMT siblings together), in the order of each
+    core's lowest CPU, allowed or not (as torch keys a core)."""
     cores = [frozenset(core.cpus) & cpus for core in host.cores]
-    return sorted((c for c in cores if c), key=min)
+    return [c for c in cores if c]
 
 
 def _peers(host: Host, target: int) -> list[str]:

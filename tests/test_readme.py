@@ -59,6 +59,7 @@ def masked(text):
 #: mask allows, which notes apply), their order and form do not.
 DOCTOR_LINE = re.compile(
     r"^(cpupin doctor: this machine|host     \S.*|idle     \S.*|mask     \S.*|memory   \S.*|"
+    r"cpus     \S.*|warning  \S.*|irqs     \S.*|  IRQ +\d+ \S.*|"
     r"pools    \d+ usable CPU\(s\); \S.*|         \S.*|"
     r"handoff  one way, median \(p99\), measured on this machine:|"
     r"  [a-zA-Z ]+ (busy|idle) +CPUs [\d,]+: +[\d.]+ µs \([\d.]+ µs\)|note     \S.*|"
@@ -73,6 +74,8 @@ def doctor_shape(text):
     for line in lines:
         assert DOCTOR_LINE.match(line), line
     lines = [line for line in lines if not line.startswith(" " * 9)]  # a line's continuation
+    # Which IRQs land on pinned CPUs, and whether a GPU warning applies, vary.
+    lines = [line for line in lines if not line.startswith(("  IRQ", "warning  "))]
     labels = [line[:9] if not line.startswith("  ") else "  pair" for line in lines]
     labels = [label for label in labels if label != "note     "]  # which apply varies
     return [label for i, label in enumerate(labels) if i == 0 or label != labels[i - 1]]
