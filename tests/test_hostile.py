@@ -35,6 +35,19 @@ SPEC = HostSpec(
     idle_states=(("POLL", 0), ("C6", 170)),
     cpu_max="150000 100000",
     cpuset="0-7",
+    # Every figure a core class is read from, and a priority core, so that
+    # each of those files is replaced below; an L3 a core, so that there are
+    # several domains.
+    perf=(
+        ("highest_perf", 38),
+        ("nominal_perf", 20),
+        ("max_khz", 3_800_000),
+        ("base_khz", 2_000_000),
+        ("capacity", 1024),
+    ),
+    priority_cores=(0,),
+    priority=(("highest_perf", 46),),
+    llc_cores=1,
 )
 
 
@@ -112,7 +125,22 @@ def files_read(tree):
 def read_files(place):
     files = files_read(place[0])
     # Every kind of file: topology, nodes, GPUs, idle states, cgroup, procfs.
-    for part in ("topology", "node0/cpulist", "numa_node", "cpuidle", "cpu.max", "mounts"):
+    for part in (
+        "topology",
+        "node0/cpulist",
+        "numa_node",
+        "cpuidle",
+        "cpu.max",
+        "mounts",
+        "acpi_cppc/highest_perf",
+        "acpi_cppc/nominal_perf",
+        "cpufreq/cpuinfo_max_freq",
+        "cpufreq/base_frequency",
+        "cpu_capacity",
+        "shared_cpu_list",
+        "cache/index1/level",
+        "proc/self/cgroup",
+    ):
         assert any(part in rel for rel in files), part
     return files
 

@@ -508,3 +508,104 @@ def test_no_cgroup_files_is_no_quota_and_no_cpuset(tmp_path):
         )
     )
     assert host.quota is None and host.cpuset is None
+
+
+# --- core classes and caches: trees that do not add up ----------------------------
+
+PCT_LIKE = HOSTS["xeon6-pct"]
+
+
+def small_pct(tmp_path):
+    from dataclasses import replace as swap
+
+    spec = swap(
+        PCT_LIKE,
+        sockets=1,
+        nodes_per_socket=1,
+        cores_per_node=8,
+        gpus=(),
+        priority_cores=(4,),
+        llc_cores=4,
+    )
+    return spec, build_tree(spec, tmp_path)
+
+
+def test_a_figure_one_core_lacks_ranks_no_core_and_the_reason_says_so(tmp_path):
+    spec, root = small_pct(tmp_path)
+    os.unlink(os.path.join(root, "sys/devices/system/cpu/cpu3/acpi_cppc/highest_perf"))
+    host = read_host(root)
+    assert any(
+        "cpu3/acpi_cppc/highest_perf" in r and "highest_perf does not rank" in r
+        for r in host.reasons
+    )
+    # max_khz still tells core 4 apart.
+    assert [c.cores for c in host.classes] == [1, 7]
+    assert "highest_perf" not in host.classes[0].values
+
+
+def test_figures_out_of_range_are_reasons_and_rank_nothing(tmp_path):
+    spec, root = small_pct(tmp_path)
+    for name in ("acpi_cppc/highest_perf", "cpufreq/cpuinfo_max_freq"):
+        with open(os.path.join(root, f"sys/devices/system/cpu/cpu4/{name}"), "w") as f:
+            f.write("9" * 19 + "\n")
+    host = read_host(root)
+    assert any("is outside" in r for r in host.reasons)
+    assert len(host.classes) == 1  # nothing else sets core 4 apart
+
+
+def test_caches_that_overlap_or_leave_a_cpu_out_are_unknown(tmp_path):
+    spec, root = small_pct(tmp_path)
+    base = "sys/devices/system/cpu/cpu{}/cache/index1/shared_cpu_list"
+    assert read_host(root).caches == (
+        frozenset({0, 1, 2, 3, 8, 9, 10, 11}),
+        frozenset({4, 5, 6, 7, 12, 13, 14, 15}),
+    )
+    with open(os.path.join(root, base.format(4)), "w") as f:  # CPU 4's domain claims CPU 3 too
+        f.write("3-7,12-15\n")
+    host = read_host(root)
+    assert host.caches == () and any("in two level-3 caches" in r for r in host.reasons)
+    spec, root = small_pct(tmp_path / "b")
+    with open(os.path.join(root, base.format(0)), "w") as f:
+        f.write("1-7\n")
+    host = read_host(root)
+    assert host.caches == () and any("CPU 0 lists no level-3 cache" in r for r in host.reasons)
+
+
+def test_this_machines_caches_and_classes_agree_with_sysfs():
+    """The oracle: sysfs read in plain Python, CPU by CPU."""
+    host = read_host("/")
+    base = "/sys/devices/system/cpu"
+    groups = set()
+    for cpu in host.cpus:
+        best, level = None, 0
+        try:
+            names = os.listdir(f"{base}/cpu{cpu}/cache")
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            if not name.startswith("index"):
+                continue
+            with open(f"{base}/cpu{cpu}/cache/{name}/type") as f:
+                if f.read().strip() not in ("Unified", "Data"):
+                    continue
+            with open(f"{base}/cpu{cpu}/cache/{name}/level") as f:
+                lv = int(f.read())
+            if lv > level:
+                best, level = name, lv
+        if best is not None:
+            with open(f"{base}/cpu{cpu}/cache/{best}/shared_cpu_list") as f:
+                listed = set()
+                for part in f.read().strip().split(","):
+                    lo, _, hi = part.partition("-")
+                    listed.update(range(int(lo), int(hi or lo) + 1))
+                groups.add(frozenset(listed) & host.cpus)
+    assert set(host.caches) == groups
+    capacities = set()
+    for core in host.cores:
+        try:
+            with open(f"{base}/cpu{core.cpus[0]}/cpu_capacity") as f:
+                capacities.add(int(f.read()))
+        except FileNotFoundError:
+            pass
+    if len(capacities) == 1:
+        assert len(host.classes) <= 1 or "capacity" not in host.class_keys()
