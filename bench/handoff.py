@@ -5,14 +5,18 @@
 - ``cpupin handoff --spin`` beside ``bench/pingpong.c`` (a cache-line
   ping-pong of our own, compiled here);
 - this machine's table: same CPU, other CPU, unpinned; busy and with the
-  sender idle 200 µs first; and the Python handoff a runtime sees.
+  sender idle 200 µs first; and the Python handoff a runtime sees;
+- within one last-level cache and across two (``same L3``, ``other L3``),
+  where the mask spans more than one of a node's, or a line saying it does
+  not.
 
-    python bench/handoff.py [--rounds 20000]
+    python bench/handoff.py [--rounds 20000] [--l3-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import statistics
@@ -26,7 +30,9 @@ sys.path.insert(0, str(HERE))
 
 from _env import describe  # noqa: E402
 
-from cpupin.handoff import handoff, handoff_python  # noqa: E402
+from cpupin.cpulist import format_cpulist  # noqa: E402
+from cpupin.handoff import handoff, handoff_python, pair_kinds  # noqa: E402
+from cpupin.topology import read_host  # noqa: E402
 
 
 def perf_pipe(cpus: str, loops: int) -> float | None:
@@ -77,10 +83,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20000)
     parser.add_argument("--runs", type=int, default=5, help="runs a row (median taken)")
+    parser.add_argument("--l3-only", action="store_true", help="only the last-level cache table")
     args = parser.parse_args()
     print(describe())
     print()
     n, runs = args.rounds, args.runs
+    caches(n, runs)
+    if args.l3_only:
+        return
     print("## Anchors (one-way ns, median of runs)")
     print()
     print("| what | cpupin | anchor | cpupin / anchor |")
@@ -119,6 +129,43 @@ def main() -> None:
             f"| {label} | {busy:.0f} / {p99:.0f} | {wake:.0f} / {wake99:.0f} | {py_e:.0f} | "
             f"{py_q:.0f} |"
         )
+
+
+def caches(n: int, runs: int) -> None:
+    """Same L3 against other L3, busy and idle, where the mask allows both."""
+    host = read_host("/")
+    mask = frozenset(os.sched_getaffinity(0))
+    kinds = pair_kinds(host, mask)
+    print("## Last-level caches (one-way ns: median / p99)")
+    print()
+    if "other L3" not in kinds:
+        domains = [d & mask for d in host.caches if d & mask]
+        shown = " | ".join(format_cpulist(d) for d in domains) or "unknown"
+        print(
+            f"This machine's mask holds {len(domains)} last-level cache domain(s) of a node "
+            f"({shown}): there is no cross-L3 pair to measure here."
+        )
+        print()
+        return
+    print("| pair | CPUs | busy | idle 200 µs, wake |")
+    print("|---|---|---|---|")
+    rows = {}
+    for kind in ("same L3", "other L3"):
+        if kind not in kinds:
+            continue
+        pair = kinds[kind]
+        busy, br = median_of(runs, lambda p=pair: handoff(p, rounds=n, warmup=n // 10))
+        idle = [handoff(pair, rounds=500, warmup=50, idle_us=200) for _ in range(runs)]
+        wake = statistics.median(r.wake_median_ns for r in idle)
+        rows[kind] = busy
+        print(
+            f"| {kind} | {pair[0]},{pair[1]} | {busy:.0f} / "
+            f"{statistics.median(r.p99_ns for r in br):.0f} | {wake:.0f} |"
+        )
+    if len(rows) == 2:
+        print()
+        print(f"other L3 / same L3, busy: {rows['other L3'] / rows['same L3']:.2f}x")
+    print()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Placement speed: ``place`` on the DGX H100 and on a 4096-CPU host, and
+"""Placement speed: ``place`` on the DGX H100 and on a 4096-CPU host (also
+with priority cores and an L3 every 8 cores: classes and caches), and
 ``plan_server`` end to end from sysfs (read, place, claim).
 
     python bench/plan.py [--rounds 15]
@@ -10,6 +11,7 @@ import atexit
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,12 +36,27 @@ BIG = HostSpec(
 )
 
 
+#: BIG with what issue 19 adds: eight priority cores a socket (two classes)
+#: and an L3 every 8 cores (256 cache domains).
+BIG_CLASSES = replace(
+    BIG,
+    name="4096-cpus-classes",
+    description=BIG.description + ", 8 priority cores a socket, an L3 every 8 cores",
+    perf=(("highest_perf", 38), ("max_khz", 3_800_000)),
+    priority_cores=(4, 36, 68, 100, 132, 164, 196, 228),
+    priority=(("highest_perf", 46), ("max_khz", 4_600_000)),
+    llc_cores=8,
+)
+
+
 def main() -> None:
     args = start(__doc__ or "")
     dgx = host_named("dgx-h100")
     big = spec_host(BIG)
     dgx_gpu = dgx.gpus[5].address
     big_gpu = big.gpus[9].address
+    classy = spec_host(BIG_CLASSES)
+    assert len(classy.classes) == 2 and len(classy.caches) == 256
     root = _built("dgx-h100")
     lock_dir = tempfile.mkdtemp(prefix="cpupin-bench-lock-")
     atexit.register(shutil.rmtree, lock_dir, True)  # nothing left in /tmp
@@ -62,6 +79,12 @@ def main() -> None:
                 place(dgx, dgx.cpus, [g.address], "auto") for g in dgx.gpus
             ],
             "place(4096-CPU host, one GPU)": lambda: place(big, big.cpus, [big_gpu], "auto"),
+            "place(4096-CPU host with classes and caches, one GPU)": lambda: place(
+                classy, classy.cpus, [big_gpu], "auto"
+            ),
+            "place(4096-CPU host with classes and caches, all 16 GPUs)": lambda: [
+                place(classy, classy.cpus, [g.address], "auto") for g in classy.gpus
+            ],
             "place(dgx-h100, CPU number 5, 2 workers)": lambda: place(dgx, dgx.cpus, ["a", "b"], 5),
             "plan_server(dgx-h100 tree): read, place, claim": end_to_end,
         },

@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from .cpuplan import CpuPlan
     from .errors import PlanError, UnsupportedPlatform
     from .handoff import HandoffResult
+    from .irqs import IrqOnPin, read_irqs
+    from .launcher import CpuOrigin, explain_cpus
     from .lock import Claim, claim_gpus
     from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
     from .pool_census import Census, Pool, census
@@ -59,7 +61,17 @@ if TYPE_CHECKING:
     from .server import ServerPlan, child_env, plan_server, resolve_devices
     from .stepclock import Step, StepClock
     from .threads import ThreadPool
-    from .topology import Core, Gpu, Host, IdleState, Node, Quota, parse_pci_address, read_host
+    from .topology import (
+        Core,
+        CoreClass,
+        Gpu,
+        Host,
+        IdleState,
+        Node,
+        Quota,
+        parse_pci_address,
+        read_host,
+    )
 
 __version__ = "0.1.0"
 
@@ -70,6 +82,11 @@ _LAZY: dict[str, str] = {
     "Census": "pool_census",
     "Claim": "lock",
     "Core": "topology",
+    "CoreClass": "topology",
+    "CpuOrigin": "launcher",
+    "explain_cpus": "launcher",
+    "IrqOnPin": "irqs",
+    "read_irqs": "irqs",
     "CpuPlan": "cpuplan",
     "Gpu": "topology",
     "HAVE_AFFINITY": "_native",
@@ -157,7 +174,12 @@ __all__ = [
     "Claim",
     "HandoffResult",
     "Core",
+    "CoreClass",
+    "CpuOrigin",
     "CpuPlan",
+    "IrqOnPin",
+    "explain_cpus",
+    "read_irqs",
     "Gpu",
     "Host",
     "IdleState",
