@@ -338,10 +338,10 @@ HOSTS: dict[str, HostSpec] = {
         ),
         HostSpec(
             "xeon6-pct",
-            "xeon6-b300's shape with Priority Core Turbo on: eight priority cores a socket, "
-            "four a node (cores 4, 12, 20, 28 of each), whose CPPC highest_perf and top "
-            "frequency (46, 4.6 GHz) stand above the other cores' (38, 3.8 GHz), base 2.0 GHz "
-            "for all; L3 a node (sub-NUMA clustering)",
+            "2x Xeon 6 6776P (the DGX B300's CPU) in xeon6-b300's shape, Priority Core Turbo "
+            "on: as Intel announced the part, eight cores a socket reach 4.6 GHz while the "
+            "rest stop at 3.9 GHz, base 2.3 GHz; here the firmware's eight are cores 4, 12, "
+            "20, 28 of each node (CPPC highest_perf 46 against 39); L3 a node (SNC2)",
             sockets=2,
             nodes_per_socket=2,
             cores_per_node=32,
@@ -356,10 +356,10 @@ HOSTS: dict[str, HostSpec] = {
             ),
             idle_states=(("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 170)),
             perf=(
-                ("highest_perf", 38),
-                ("nominal_perf", 20),
-                ("max_khz", 3_800_000),
-                ("base_khz", 2_000_000),
+                ("highest_perf", 39),
+                ("nominal_perf", 23),
+                ("max_khz", 3_900_000),
+                ("base_khz", 2_300_000),
             ),
             priority_cores=(4, 12, 20, 28, 36, 44, 52, 60),
             priority=(("highest_perf", 46), ("max_khz", 4_600_000)),

@@ -502,7 +502,7 @@ PERF_SOURCES: tuple[tuple[str, str, int], ...] = (
 #: Two values of one source fall in different classes only where the sorted
 #: values of all cores jump by more than this fraction: AMD's preferred-core
 #: ranking (a few per cent between neighbours) and an Arm capacity of 1017
-#: against 1024 stay one class; 4.6 GHz against 3.8 GHz does not.
+#: against 1024 stay one class; 4.6 GHz against 3.9 GHz does not.
 CLASS_GAP = 0.05
 
 
