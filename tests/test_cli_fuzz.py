@@ -102,6 +102,8 @@ def argvs(draw):
         maybe("--idle-us", draw(st.sampled_from(["0", "10", "-1", "1e9", "x"])))
     elif command == "doctor":
         where(required=True)
+        # A valid interval is 0 here: a fuzz run must not sleep.
+        maybe("--irq-interval", draw(st.just("0") | JUNK.filter(_not_seconds)))
     elif command == "ps":
         argv.extend(["--interval", draw(st.just("0.01") | JUNK.filter(_not_seconds))])
         maybe("--lock-dir", draw(st.sampled_from(["/tmp", "/nonexistent", "/dev/null"]) | JUNK))
@@ -113,8 +115,9 @@ def argvs(draw):
             argv.append(target)
         elif target is not None:
             argv.extend([target, draw(st.sampled_from(["0", "0000:18:00.0"]) | JUNK)])
-        maybe("--cpus", draw(st.sampled_from(["node", "keep"]) | JUNK))
-        maybe("--memory", draw(st.sampled_from(["preferred", "bind", "none"]) | JUNK))
+        cpus = ["node", "socket", "exclusive", "cache", "keep", "0-3", "0-3,200", "99999"]
+        maybe("--cpus", draw(st.sampled_from(cpus) | JUNK))
+        maybe("--memory", draw(st.sampled_from(["preferred", "bind", "interleave", "none"]) | JUNK))
         where()
         maybe("--mask", draw(st.sampled_from(["0-7"]) | JUNK))
         argv.append("--dry-run")
