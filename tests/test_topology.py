@@ -609,3 +609,23 @@ def test_this_machines_caches_and_classes_agree_with_sysfs():
             pass
     if len(capacities) == 1:
         assert len(host.classes) <= 1 or "capacity" not in host.class_keys()
+
+
+def test_topo_shows_classes_and_cache_domains(capsys):
+    from cpupin.cli import main
+
+    assert main(["topo", "--host", "xeon6-pct"]) == 0
+    out = capsys.readouterr().out
+    assert "class  0 (highest): highest_perf 46, max 4.60 GHz; 16 core(s), CPUs 4,12,20" in out
+    assert "class  1: highest_perf 39, max 3.90 GHz; 112 core(s)" in out
+    assert "cache  L3: 4 domain(s) of 64 CPUs: 0-31,128-159 | 32-63,160-191" in out
+    assert main(["topo", "--host", "amd-8gpu", "--json"]) == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert data["cache_level"] == 3 and len(data["caches"]) == 24
+    assert data["caches"][1] == list(range(8, 16)) + list(range(200, 208))
+    assert data["classes"] == []
+    assert main(["topo", "--host", "dgx-h100"]) == 0
+    out = capsys.readouterr().out
+    assert "class  no per-core performance figures (CPPC, cpufreq, capacity): one class" in out
