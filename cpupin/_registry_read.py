@@ -253,9 +253,12 @@ _READS = 10
 
 def _decode(fd: int) -> dict[str, object] | None:
     """The record in the file open at ``fd`` (closed after); ``None`` when it
-    holds none yet. A read that races a writer's pwrite has a bad checksum:
-    it is read again, up to :data:`_READS` times, before the record is
-    refused."""
+    holds none yet. A read that races a writer's pwrite mixes two records at
+    any byte: a bad checksum, or a last line that is no checksum at all. So a
+    file that does not decode is read again, up to :data:`_READS` times, and
+    refused only when two reads in a row find the same bytes (nobody is
+    writing it) or the reads run out."""
+    previous = None
     try:
         for attempt in range(_READS):
             raw = os.pread(fd, MAX_SIZE, 0)
@@ -263,9 +266,10 @@ def _decode(fd: int) -> dict[str, object] | None:
                 return None
             try:
                 return decode(raw)
-            except ValueError as exc:
-                if attempt == _READS - 1 or "checksum does not match" not in str(exc):
+            except ValueError:
+                if attempt == _READS - 1 or raw == previous:
                     raise
+                previous = raw
     finally:
         os.close(fd)
     raise AssertionError("not reached")

@@ -477,3 +477,31 @@ def test_a_record_rewritten_in_place_is_never_read_torn(tmp_path):
         assert "main" in seen and seen <= {"main", "r0", "r1" * 8, "r2" * 15}
     finally:
         child.communicate("\n", timeout=60)
+
+
+def test_a_read_torn_inside_the_checksum_line_is_read_again(monkeypatch):
+    """A pwrite racing a read can tear a record at any byte, inside its
+    checksum line too: that read is no 'foreign file', it is read again. A
+    file that reads the same twice and does not decode is refused then."""
+    from cpupin import _registry_read
+    from cpupin._record import VERSION, frame
+
+    good = frame(json.dumps({"version": VERSION, "pid": 1}).encode(), 4096)
+    torn = good[: len(good) // 2] + b"2=0badf00d\n"  # a new head, an old tail
+    reads = iter([torn, good])
+    calls = []
+
+    def pread(fd, size, offset):
+        calls.append(fd)
+        return next(reads)
+
+    monkeypatch.setattr(_registry_read.os, "pread", pread)
+    monkeypatch.setattr(_registry_read.os, "close", lambda fd: None)
+    assert _registry_read._decode(-1)["pid"] == 1 and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(
+        _registry_read.os, "pread", lambda fd, size, offset: calls.append(fd) or b"junk\n"
+    )
+    with pytest.raises(ValueError, match="no record"):
+        _registry_read._decode(-1)
+    assert len(calls) == 2  # the same bytes twice: nobody is writing it
