@@ -47,7 +47,7 @@ from typing import Literal
 
 from . import _native
 from ._sysfs import Reader
-from .cpulist import cpus_phrase, format_cpulist, parse_cpulist
+from .cpulist import MAX_CPUS, cpus_phrase, format_cpulist, parse_cpulist
 from .errors import PlanError, excerpt
 from .process import process_cpus, set_process_cpus, thread_masks
 from .topology import Host, read_host
@@ -147,14 +147,18 @@ def parse_cpus(value: object) -> tuple[str, frozenset[int] | None]:
             return text, None
         try:
             listed = parse_cpulist(text)
-        except ValueError:
+        except ValueError as exc:
+            if text[:1].isdigit():  # meant as a list: say what is wrong with it
+                raise ValueError(f"cpus={excerpt(value)}: {exc}; use {_CPUS_ACCEPTED}") from None
             listed = frozenset()
         if listed:
             return "list", listed
         raise ValueError(f"cpus={excerpt(value)}: use {_CPUS_ACCEPTED}")
     if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
         items = list(value)
-        if items and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in items):
+        if items and all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c < MAX_CPUS for c in items
+        ):
             return "list", frozenset(items)
     raise ValueError(f"cpus={excerpt(value)}: use {_CPUS_ACCEPTED}")
 

@@ -128,11 +128,20 @@ def test_a_cpu_list_stays_within_the_mask_and_says_what_it_left_out():
 
 
 @pytest.mark.parametrize(
-    "value", ["", "nodes", "0-", "-1", "x", [], [-1], [True], {"a": 1}, 3, None, "0x3"]
+    "value",
+    ["", "nodes", "0-", "-1", "x", [], [-1], [True], [1 << 16], {"a": 1}, 3, None, "0x3"],
 )
 def test_bad_cpu_modes_name_the_value_and_the_forms(value):
     with pytest.raises(ValueError, match="cpus=.*use node, socket, exclusive, cache, keep"):
         parse_cpus(value)
+
+
+@pytest.mark.parametrize(
+    "text, says", [("0-99999999", "past the limit of 65536"), ("5-3", "runs backwards")]
+)
+def test_a_bad_cpu_list_says_what_is_wrong_with_it(text, says):
+    with pytest.raises(ValueError, match=f"cpus='{text}': .*{says}.*use node, socket"):
+        parse_cpus(text)
 
 
 def test_exclusive_with_fewer_cores_than_gpus_keeps_the_mask_and_says_why():
