@@ -49,6 +49,7 @@ from . import _native
 from ._sysfs import Reader
 from .cpulist import MAX_CPUS, cpus_phrase, format_cpulist, parse_cpulist
 from .errors import PlanError, excerpt
+from .launcher import ASK_LAUNCHER
 from .process import process_cpus, set_process_cpus, thread_masks
 from .topology import Host, read_host
 
@@ -293,6 +294,7 @@ def _mode_cpus(
         reasons.append(
             f"node {target}'s CPUs {format_cpulist(node_cpus)} are all outside the "
             f"process mask {format_cpulist(mask)}: the mask is kept"
+            + (f" ({ASK_LAUNCHER})" if device is not None else "")
         )
         return frozenset()
     if mode == "node":

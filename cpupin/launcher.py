@@ -25,7 +25,7 @@ from .cpulist import format_cpulist
 from .errors import excerpt
 from .topology import Host
 
-__all__ = ["CpuOrigin", "explain_cpus", "launcher_of", "qos_class"]
+__all__ = ["ASK_LAUNCHER", "CpuOrigin", "explain_cpus", "launcher_of", "qos_class"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,13 @@ def launcher_of(path: str | None) -> str | None:
         return "systemd"
     return None
 
+
+#: What to ask for when the launcher gave a process CPUs away from its GPU.
+ASK_LAUNCHER = (
+    "the launcher chose CPUs away from the GPU: Kubernetes' Topology Manager does not align "
+    "DRA GPUs (use the device plugin, single-numa-node); Slurm: --gpu-bind=closest; "
+    "docker: --cpuset-cpus of the GPU's node"
+)
 
 _WHO = {
     "kubernetes": "Kubernetes (the static CPU manager policy gives a Guaranteed pod's "
@@ -162,9 +169,6 @@ def explain_cpus(
             warnings.append(
                 f"GPU {address} is on node {node}, and none of the process's CPUs are "
                 f"(they are on node {format_cpulist(homes) or '?'}): binding to the GPU's node "
-                "cannot happen within them. The launcher chose CPUs away from the GPU: with "
-                "Kubernetes, DRA-allocated GPUs are not aligned by the Topology Manager (use "
-                "the device plugin with the single-numa-node policy); with Slurm, ask for "
-                "--gpu-bind=closest or --cpu-bind; with docker, --cpuset-cpus of the GPU's node"
+                f"cannot happen within them; {ASK_LAUNCHER}"
             )
     return CpuOrigin(source, launcher, qos, tuple(lines), tuple(warnings))

@@ -88,7 +88,7 @@ def test_cpus_on_another_node_than_the_gpu_warn_and_say_what_to_ask_for(tmp_path
     origin = explain_cpus(host, host.default_mask(), [(gpu.address, 1)])
     (warning,) = origin.warnings
     assert f"GPU {gpu.address} is on node 1" in warning and "on node 0" in warning
-    assert "Topology Manager" in warning
+    assert "Topology Manager" in warning and "--gpu-bind=closest" in warning
     assert not explain_cpus(host, host.default_mask(), [(host.gpus[0].address, 0)]).warnings
 
 
@@ -138,3 +138,16 @@ def test_plan_on_a_host_without_gpus_suggests_a_command_that_works(tmp_path, cor
     again = run([sys.executable, "-m", *shlex.split(suggested), "--root", root])
     assert again.returncode == 0, again.stderr
     assert "step 0 on" in again.stdout
+
+
+def test_a_binding_whose_gpu_node_the_mask_misses_says_what_to_ask_the_launcher_for(tmp_path):
+    """What a real cpupin exec prints (the binding's reason) carries the same
+    advice as the doctor's warning."""
+    from cpupin.binding import decide_binding
+
+    host = host_of(tmp_path)
+    got = decide_binding(host, frozenset(range(8)), device=host.gpus[4].address)
+    assert got.cpus == set(range(8)) and "the mask is kept" in got.reason
+    assert "Topology Manager" in got.reason and "--gpu-bind=closest" in got.reason
+    by_node = decide_binding(host, frozenset(range(8)), node=1)
+    assert "Topology Manager" not in by_node.reason  # no GPU named: no launcher to blame

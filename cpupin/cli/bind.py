@@ -181,17 +181,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"pools  {pools if pools else 'left alone (--no-pools)'}")
         print(f"argv   {' '.join(argv)}  (a dry run: nothing applied, nothing run)")
         return 0
-    before = process_cpus()
     binding = bind_process(device, node=args.node, cpus=args.cpus, memory=args.memory)
-    if binding.reason:
+    if binding.reason:  # a GPU whose node the mask misses: what to ask the launcher for
         print(f"cpupin exec: {binding.reason}", file=sys.stderr)
-    if binding.device is not None:
-        from cpupin.topology import read_host
-
-        here = read_host("/")
-        origin = explain_cpus(here, before, _gpu_of(here, binding))
-        for warning in origin.warnings:
-            print(f"cpupin exec: {warning}", file=sys.stderr)
     env = {**os.environ, ENV_PROCESS_CPUS: format_cpulist(process_cpus())}
     if not args.no_pools:
         env, limits = pool_env(cpu_plan(pinned=()), env)
