@@ -17,6 +17,7 @@ __all__ = [
     "as_cpu",
     "cpus_phrase",
     "format_cpulist",
+    "format_cpumask",
     "parse_cpulist",
     "parse_cpumask",
 ]
@@ -113,6 +114,15 @@ def parse_cpumask(text: str) -> frozenset[int]:
             f"the limit of {MAX_CPUS}"
         )
     return frozenset(_bits(value))
+
+
+def format_cpumask(cpus: Iterable[int], words: int = 0) -> str:
+    """The sysfs hex mask of ``cpus``, as :func:`parse_cpumask` reads it:
+    comma-separated 32-bit words, most significant first, at least ``words``
+    of them (the kernel pads to ``nr_cpu_ids``) and at least one."""
+    value = sum(1 << cpu for cpu in set(cpus))
+    count = max(words, 1, (value.bit_length() + 31) // 32)
+    return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(count)))
 
 
 def _bits(value: int) -> Iterable[int]:

@@ -14,11 +14,11 @@ import atexit
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 
-from .cpulist import format_cpulist
+from .cpulist import format_cpulist, format_cpumask
 from .topology import (
     PERF_SOURCES,
     Host,
@@ -147,12 +147,6 @@ def _write(root: str, rel: str, text: str) -> None:
         f.write(text)
 
 
-def _mask(cpus: Iterable[int], words: int) -> str:
-    """A sysfs hex mask: 32-bit words, most significant first."""
-    value = sum(1 << cpu for cpu in cpus)
-    return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
-
-
 def _pci_device(root: str, address: str) -> str:
     """A PCI function's folder, where sysfs keeps it (under its root bus in
     ``sys/devices``), with the relative symlink ``sys/bus/pci/devices``
@@ -209,7 +203,7 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
                 ("core_siblings", packages[package]),
             ):
                 _write(root, f"{topo}/{name}_list", format_cpulist(cpus) + "\n")
-                _write(root, f"{topo}/{name}", _mask(cpus, words) + "\n")
+                _write(root, f"{topo}/{name}", format_cpumask(cpus, words) + "\n")
             _write(root, f"{topo}/core_id", f"{c % spec.cores_per_node}\n")
             _write(root, f"{topo}/physical_package_id", f"{package}\n")
             for name, value in spec.perf_of(c).items():
@@ -221,7 +215,7 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
                 _write(root, f"{folder}/type", f"{kind}\n")
                 _write(root, f"{folder}/level", f"{level}\n")
                 _write(root, f"{folder}/shared_cpu_list", format_cpulist(shared) + "\n")
-                _write(root, f"{folder}/shared_cpu_map", _mask(shared, words) + "\n")
+                _write(root, f"{folder}/shared_cpu_map", format_cpumask(shared, words) + "\n")
                 _write(root, f"{folder}/size", "48K\n" if level == 1 else "32768K\n")
                 _write(root, f"{folder}/coherency_line_size", "64\n")
             for i, (name, latency) in enumerate(spec.idle_states):
@@ -234,7 +228,11 @@ def build_tree(spec: HostSpec, root: str | os.PathLike[str]) -> str:
             _write(
                 root, f"sys/devices/system/node/node{n}/cpulist", format_cpulist(node_cpus) + "\n"
             )
-            _write(root, f"sys/devices/system/node/node{n}/cpumap", _mask(node_cpus, words) + "\n")
+            _write(
+                root,
+                f"sys/devices/system/node/node{n}/cpumap",
+                format_cpumask(node_cpus, words) + "\n",
+            )
         _write(root, "sys/devices/system/node/online", format_cpulist(nodes) + "\n")
         _write(root, "sys/devices/system/node/possible", format_cpulist(nodes) + "\n")
         with_cpus = [n for n, cpus in nodes.items() if cpus]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ._sysfs import Reader
-from .cpulist import format_cpulist
+from .cpulist import format_cpulist, format_cpumask
 from .errors import excerpt
 
 __all__ = [
@@ -212,13 +212,6 @@ def read_irqs(
         return irqs_on(r, wanted, first, second, seconds), r.reasons
 
 
-def _hex_mask(cpus: Iterable[int]) -> str:
-    """irqbalance's mask: 32-bit hex words, most significant first."""
-    value = sum(1 << c for c in set(cpus))
-    words = max(1, (value.bit_length() + 31) // 32)
-    return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
-
-
 def irqbalance_advice(pinned: Iterable[int], irqs: Iterable[IrqOnPin]) -> list[str]:
     """What to set so that irqbalance keeps device interrupts off ``pinned``,
     and what it cannot move. cpupin writes none of it."""
@@ -228,7 +221,7 @@ def irqbalance_advice(pinned: Iterable[int], irqs: Iterable[IrqOnPin]) -> list[s
     listed = list(irqs)
     lines = [
         f"irqbalance: IRQBALANCE_BANNED_CPULIST={format_cpulist(cpus)} (irqbalance 1.8 and "
-        f"later), or IRQBALANCE_BANNED_CPUS={_hex_mask(cpus)} (older), in "
+        f"later), or IRQBALANCE_BANNED_CPUS={format_cpumask(cpus)} (older), in "
         "/etc/default/irqbalance or /etc/sysconfig/irqbalance, then restart irqbalance"
     ]
     fixed = [i.irq for i in listed if i.managed]

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpupin import format_cpulist, parse_cpulist, parse_cpumask
-from cpupin.cpulist import MAX_CPUS
+from cpupin.cpulist import MAX_CPUS, format_cpumask
 
 from .strategies import cpu_ranges, cpu_sets
 
@@ -127,3 +127,11 @@ def test_format_refuses_what_is_not_a_cpu(bad):
 def test_parse_refuses_what_is_not_text():
     with pytest.raises(TypeError, match="str"):
         parse_cpulist(b"0-3")
+
+
+@given(cpu_sets, st.integers(0, 4))
+def test_format_cpumask_is_what_parse_cpumask_reads(cpus, words):
+    text = format_cpumask(cpus, words)
+    assert parse_cpumask(text) == cpus
+    assert all(len(word) == 8 for word in text.split(","))
+    assert len(text.split(",")) == max(words, 1, (max(cpus, default=-1) + 32) // 32)
