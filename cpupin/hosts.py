@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from .cpulist import format_cpulist, format_cpumask
@@ -278,6 +278,33 @@ def _gpus(
     )
 
 
+#: The host of docs/placement.md's worked examples; xeon6-pct is it with
+#: priority cores.
+_B300 = HostSpec(
+    "xeon6-b300",
+    "The host of docs/placement.md's worked examples: 2x Xeon 6767P, four NUMA nodes "
+    "of 32 cores, "
+    "siblings at +128, 8 GPUs two a node (one at 0000:fa:00.0), C6 at 170 µs",
+    sockets=2,
+    nodes_per_socket=2,
+    cores_per_node=32,
+    threads=2,
+    gpus=_gpus(
+        {
+            0: ["0000:17:00.0", "0000:3d:00.0"],
+            1: ["0000:5f:00.0", "0000:71:00.0"],
+            2: ["0000:9b:00.0", "0000:ad:00.0"],
+            3: ["0000:e4:00.0", "0000:fa:00.0"],
+        }
+    ),
+    pci=(
+        PciSpec("0000:00:00.0", INTEL, 0x060000, 0),
+        PciSpec("0000:02:00.0", 0x1A03, 0x030000, 0),
+    ),
+    idle_states=(("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 170)),
+)
+
+
 #: Hosts a user can look at without owning one (``--host NAME``).
 HOSTS: dict[str, HostSpec] = {
     spec.name: spec
@@ -311,48 +338,14 @@ HOSTS: dict[str, HostSpec] = {
             ),
             idle_states=(("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 290)),
         ),
-        HostSpec(
-            "xeon6-b300",
-            "The host of docs/placement.md's worked examples: 2x Xeon 6767P, four NUMA nodes "
-            "of 32 cores, "
-            "siblings at +128, 8 GPUs two a node (one at 0000:fa:00.0), C6 at 170 µs",
-            sockets=2,
-            nodes_per_socket=2,
-            cores_per_node=32,
-            threads=2,
-            gpus=_gpus(
-                {
-                    0: ["0000:17:00.0", "0000:3d:00.0"],
-                    1: ["0000:5f:00.0", "0000:71:00.0"],
-                    2: ["0000:9b:00.0", "0000:ad:00.0"],
-                    3: ["0000:e4:00.0", "0000:fa:00.0"],
-                }
-            ),
-            pci=(
-                PciSpec("0000:00:00.0", INTEL, 0x060000, 0),
-                PciSpec("0000:02:00.0", 0x1A03, 0x030000, 0),
-            ),
-            idle_states=(("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 170)),
-        ),
-        HostSpec(
-            "xeon6-pct",
-            "2x Xeon 6 6776P (the DGX B300's CPU) in xeon6-b300's shape, Priority Core Turbo "
-            "on: as Intel announced the part, eight cores a socket reach 4.6 GHz while the "
-            "rest stop at 3.9 GHz, base 2.3 GHz; here the firmware's eight are cores 4, 12, "
-            "20, 28 of each node (CPPC highest_perf 46 against 39); L3 a node (SNC2)",
-            sockets=2,
-            nodes_per_socket=2,
-            cores_per_node=32,
-            threads=2,
-            gpus=_gpus(
-                {
-                    0: ["0000:17:00.0", "0000:3d:00.0"],
-                    1: ["0000:5f:00.0", "0000:71:00.0"],
-                    2: ["0000:9b:00.0", "0000:ad:00.0"],
-                    3: ["0000:e4:00.0", "0000:fa:00.0"],
-                }
-            ),
-            idle_states=(("POLL", 0), ("C1", 1), ("C1E", 2), ("C6", 170)),
+        _B300,
+        replace(
+            _B300,
+            name="xeon6-pct",
+            description="2x Xeon 6 6776P (the DGX B300's CPU) in xeon6-b300's shape, Priority "
+            "Core Turbo on: as Intel announced the part, eight cores a socket reach 4.6 GHz "
+            "while the rest stop at 3.9 GHz, base 2.3 GHz; here the firmware's eight are cores "
+            "4, 12, 20, 28 of each node (CPPC highest_perf 46 against 39); L3 a node (SNC2)",
             perf=(
                 ("highest_perf", 39),
                 ("nominal_perf", 23),
