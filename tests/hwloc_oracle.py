@@ -18,9 +18,8 @@ def _bitmap(text):
     return {i for i in range(value.bit_length()) if value >> i & 1}
 
 
-def from_console(text):
-    """(cores, nodes): cores a set of frozensets of PU numbers, nodes a dict
-    of node number to its PUs (those of the object the node hangs under)."""
+def _rows(text):
+    """The lstopo text's objects, in order: (indent, kind, P# number)."""
     rows = []
     for line in text.splitlines():
         if re.match(r"^\s*(depth \d+:|Special depth)", line):
@@ -30,15 +29,26 @@ def from_console(text):
             continue
         number = _NUMBER.search(line)
         rows.append((len(kind.group(1)), kind.group(2), int(number.group(1)) if number else None))
-    pus_under = []
-    for i, (indent, _, _) in enumerate(rows):
-        pus = set()
-        for deeper_indent, kind, number in rows[i + 1 :]:
-            if deeper_indent <= indent:
-                break
-            if kind == "PU":
-                pus.add(number)
-        pus_under.append(pus)
+    return rows
+
+
+def _pus_under(rows, i):
+    """The PU numbers of the objects nested under row ``i``."""
+    indent = rows[i][0]
+    pus = set()
+    for deeper_indent, kind, number in rows[i + 1 :]:
+        if deeper_indent <= indent:
+            break
+        if kind == "PU":
+            pus.add(number)
+    return pus
+
+
+def from_console(text):
+    """(cores, nodes): cores a set of frozensets of PU numbers, nodes a dict
+    of node number to its PUs (those of the object the node hangs under)."""
+    rows = _rows(text)
+    pus_under = [_pus_under(rows, i) for i in range(len(rows))]
     cores = {frozenset(pus_under[i]) for i, row in enumerate(rows) if row[1] == "Core"}
     nodes = {}
     for i, (indent, kind, number) in enumerate(rows):
@@ -80,30 +90,15 @@ def from_xml(text):
 def caches_from_console(text):
     """The PUs under each cache object of the highest level that hwloc shows
     (``L3Cache``, else ``L2Cache``...), as a set of frozensets."""
-    rows = []
-    for line in text.splitlines():
-        if re.match(r"^\s*(depth \d+:|Special depth)", line):
-            break
-        kind = _KIND.match(line)
-        if kind is None:
-            continue
-        number = _NUMBER.search(line)
-        rows.append((len(kind.group(1)), kind.group(2), int(number.group(1)) if number else None))
+    rows = _rows(text)
     levels = [int(kind[1]) for _, kind, _ in rows if re.fullmatch(r"L\d(d|u)?Cache", kind)]
     if not levels:
         return set()
     top = f"L{max(levels)}"
     out = set()
-    for i, (indent, kind, _) in enumerate(rows):
-        if not kind.startswith(top) or kind.endswith("iCache"):
-            continue
-        pus = set()
-        for deeper, sub, number in rows[i + 1 :]:
-            if deeper <= indent:
-                break
-            if sub == "PU":
-                pus.add(number)
-        out.add(frozenset(pus))
+    for i, (_, kind, _) in enumerate(rows):
+        if kind.startswith(top) and not kind.endswith("iCache"):
+            out.add(frozenset(_pus_under(rows, i)))
     return out
 
 
