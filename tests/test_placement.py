@@ -179,12 +179,12 @@ def test_the_setting_from_the_environment():
 
 
 def pools(host, allowed):
-    """P(n), G(n), O and L, computed afresh from docs/placement.md's words."""
-    cores = sorted(
-        (tuple(c for c in core.cpus if c in allowed) for core in host.cores),
-        key=lambda c: c[0] if c else -1,
-    )
-    cores = [c for c in cores if c]
+    """P(n), G(n), O and L, computed afresh from docs/placement.md's words:
+    each pool in its order, the highest class first, then by lowest allowed
+    CPU; reserved cores and L taken in that order."""
+    rank = {cpu: core.rank for core in host.cores for cpu in core.cpus}
+    cores = [tuple(c for c in core.cpus if c in allowed) for core in host.cores]
+    cores = sorted((c for c in cores if c), key=lambda c: (rank[c[0]], c[0]))
     p = {n.id: [c for c in cores if c[0] in n.cpus] for n in host.nodes}
     g = {n.id: [x for x in host.gpus if x.node == n.id] for n in host.nodes}
     local = {x.address for x in host.gpus if x.node is not None and p.get(x.node)}
@@ -327,23 +327,6 @@ PCT = host_named("xeon6-pct")  # B300's shape; cores 4, 12, 20, 28 of each node 
 SST_BF = host_named("xeon-sst-bf")  # every third core of a socket at a higher base
 
 
-def ordered_pools(host, allowed):
-    """docs/placement.md's pools, each in its order: the highest class first,
-    then by lowest CPU; reserved cores and L taken in that order."""
-    rank = {cpu: core.rank for core in host.cores for cpu in core.cpus}
-    cores = [tuple(c for c in core.cpus if c in allowed) for core in host.cores]
-    cores = sorted((c for c in cores if c), key=lambda c: (rank[c[0]], c[0]))
-    p = {n.id: [c for c in cores if c[0] in n.cpus] for n in host.nodes}
-    g = {n.id: [x for x in host.gpus if x.node == n.id] for n in host.nodes}
-    local = {x.address for x in host.gpus if x.node is not None and p.get(x.node)}
-    off = [x for x in host.gpus if x.address not in local]
-    reserved = set()
-    for n in p:
-        if p[n] and g[n]:
-            reserved |= set(p[n][: len(g[n])]) | set(p[n][-len(g[n]) :])
-    return p, g, off, [c for c in cores if c not in reserved], local
-
-
 @settings(max_examples=600)
 @given(host_and_mask())
 def test_each_gpu_takes_the_core_the_rules_name_highest_class_first(case):
@@ -353,7 +336,7 @@ def test_each_gpu_takes_the_core_the_rules_name_highest_class_first(case):
     the order is the CPU order of today's rule."""
     host, mask = case
     allowed = mask & host.cpus
-    p, g, off, leftover, local = ordered_pools(host, allowed)
+    p, g, off, leftover, local = pools(host, allowed)
     for gpu, placement in zip(host.gpus, all_gpus(host, mask)):
         q, k = (p[gpu.node], g[gpu.node]) if gpu.address in local else (leftover, off)
         if len(q) < 2 * len(k):
@@ -375,7 +358,7 @@ def test_step_threads_never_take_more_highest_class_cores_than_a_package_has(cas
     top = {cpu for core in host.cores if core.rank == 0 for cpu in core.cpus}
     package = {cpu: core.package for core in host.cores for cpu in core.cpus}
     taken: dict[object, list[int]] = {}
-    p, g, _, _, local = ordered_pools(host, allowed)
+    p, g, _, _, local = pools(host, allowed)
     for gpu, placement in zip(host.gpus, all_gpus(host, mask)):
         if not placement.pinned:
             continue
