@@ -43,7 +43,6 @@ import os
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from . import _native
 from ._sysfs import Reader
@@ -67,8 +66,6 @@ __all__ = [
 ]
 
 
-CpuMode = Literal["node", "socket", "exclusive", "cache", "keep"]
-MemoryMode = Literal["preferred", "bind", "interleave", "none"]
 #: The CPU modes by name; any other text is read as a CPU list.
 CPU_MODES: tuple[str, ...] = ("node", "socket", "exclusive", "cache", "keep")
 MEMORY_MODES: tuple[str, ...] = ("preferred", "bind", "interleave", "none")
@@ -339,16 +336,15 @@ def _mode_cpus(
 def _memory_nodes(host: Host, mode: str, target: int | None, cpus: frozenset[int]) -> list[int]:
     """The nodes the memory policy names, before checks: the target's node,
     the nodes of the package under ``socket``, the nodes of the CPUs of a
-    list (the target's first, where there is one)."""
-    if mode == "list":
-        homes = sorted({n for n in map(host.node_of, cpus) if n is not None})
-        return sorted(homes, key=lambda n: n != target)
-    if target is None:
+    list; the target's first, then by id."""
+    if mode != "list" and target is None:
         return []
-    if mode == "socket":
-        homes = sorted({n for n in map(host.node_of, cpus) if n is not None})
-        return sorted(set(homes) | {target}, key=lambda n: n != target)
-    return [target]
+    if mode not in ("list", "socket"):
+        return [target] if target is not None else []
+    homes = {n for n in map(host.node_of, cpus) if n is not None}
+    if target is not None and mode == "socket":
+        homes.add(target)
+    return sorted(homes, key=lambda n: (n != target, n))
 
 
 def _memory(
