@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from cpupin.binding import memory_binding_check
@@ -148,8 +149,6 @@ def _pinned_cpus(host: Host, mask: frozenset[int], here: bool) -> tuple[frozense
 def _visible_gpus(host: Host) -> list[tuple[str, int | None]]:
     """The GPUs ``CUDA_VISIBLE_DEVICES`` names, with their nodes: those the
     process will use, whose nodes its CPUs should lie on (none when unset)."""
-    import os
-
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if not visible or not host.gpus:
         return []

@@ -202,7 +202,7 @@ def _draw(host: Host, allowed: frozenset[int], placements: list[Placement], base
         if p.result_cpu is not None:
             owner[p.result_cpu] = letter.lower() if p.result_cpu not in owner else "*"
     if len(host.classes) > 1:
-        print(_budget_line(host, top_class_use(host, allowed, placements)))
+        print(_budget_line(host, _top_class_use(host, allowed, placements)))
     top = _top_class(host)
     print(
         "cores of each node (A: a server's step core, a: its result CPU, .: free, "
@@ -249,7 +249,7 @@ def _top_class(host: Host) -> frozenset[int]:
     return frozenset(core.cpus[0] for core in host.cores if core.rank == 0)
 
 
-def top_class_use(
+def _top_class_use(
     host: Host, allowed: frozenset[int], placements: list[Placement]
 ) -> dict[int, tuple[int, int]]:
     """Where cores differ: for each package, its highest-class cores in the
@@ -271,7 +271,7 @@ def top_class_use(
 def _class_json(
     host: Host, allowed: frozenset[int], placements: list[Placement]
 ) -> dict[str, object]:
-    use = top_class_use(host, allowed, placements)
+    use = _top_class_use(host, allowed, placements)
     return {
         "values": dict(host.classes[0].values),
         "packages": {str(p): {"cores": have, "step": used} for p, (have, used) in use.items()},
