@@ -142,20 +142,28 @@ static int affinity(uint64_t *io, int set_first)
 
 int cpupin_get_affinity(uint64_t *io) { return affinity(io, 0); }
 
+/* Reads the calling thread's mask into io (room for 2 + want[0] words) and
+ * compares it with want[1...]: 1 the same, 0 not, or -errno. */
+static int mask_read_is(uint64_t *io, const uint64_t *want)
+{
+    int nwords = (int)want[0];
+    int rc;
+
+    io[0] = 0;
+    io[1] = (uint64_t)nwords;
+    rc = affinity(io, 0);
+    return rc < 0 ? rc : memcmp(io + 2, want + 1, (size_t)nwords * 8) == 0;
+}
+
 int cpupin_mask_is(const uint64_t *want)
 {
     uint64_t stack[2 + STACK_WORDS];
-    int nwords = (int)want[0];
-    uint64_t *io = nwords <= STACK_WORDS ? stack : malloc((2 + (size_t)nwords) * 8);
+    uint64_t *io = want[0] <= STACK_WORDS ? stack : malloc((2 + (size_t)want[0]) * 8);
     int rc;
 
     if (io == NULL)
         return -ENOMEM;
-    io[0] = 0;
-    io[1] = (uint64_t)nwords;
-    rc = affinity(io, 0);
-    if (rc >= 0)
-        rc = memcmp(io + 2, want + 1, (size_t)nwords * 8) == 0;
+    rc = mask_read_is(io, want);
     if (io != stack)
         free(io);
     return rc;
@@ -171,22 +179,19 @@ int cpupin_set_affinity(uint64_t *io) { return affinity(io, 1); }
 int cpupin_thread_enter(const uint64_t *want, const char *name)
 {
     uint64_t stack[2 + STACK_WORDS];
-    int nwords = (int)want[0];
-    size_t bytes = (size_t)nwords * 8;
-    uint64_t *io = nwords <= STACK_WORDS ? stack : malloc(2 * 8 + bytes);
+    size_t bytes = (size_t)want[0] * 8;
+    uint64_t *io = want[0] <= STACK_WORDS ? stack : malloc(2 * 8 + bytes);
     int rc;
 
     if (io == NULL)
         return -ENOMEM;
-    io[0] = 0;
-    io[1] = (uint64_t)nwords;
-    rc = affinity(io, 0);
-    if (rc >= 0 && memcmp(io + 2, want + 1, bytes) != 0) {
+    rc = mask_read_is(io, want);
+    if (rc == 0) {
         memcpy(io + 2, want + 1, bytes);
         rc = affinity(io, 1);
         if (rc >= 0)
             rc = memcmp(io + 2, want + 1, bytes) == 0 ? 1 : -EINVAL;
-    } else if (rc >= 0) {
+    } else if (rc == 1) {
         rc = 0;
     }
     if (io != stack)
