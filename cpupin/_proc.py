@@ -19,7 +19,7 @@ def _cwd() -> str:
 #: that changes directory later still meets its peers in the same place.
 START_CWD = _cwd()
 
-__all__ = ["euid_of", "start_time"]
+__all__ = ["euid_of", "exited", "start_time"]
 
 
 def start_time(pid: int, tid: int | None = None) -> int | None:
@@ -56,3 +56,19 @@ def euid_of(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def exited(pid: int, started: int) -> bool:
+    """Whether the process ``pid`` that started at ``started`` has exited:
+    gone, replaced by another of the same pid, or a zombie (killed and not
+    yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read(4096)
+    except OSError:
+        return True
+    fields = text[text.rfind(b")") + 2 :].split()
+    try:
+        return fields[0] in (b"Z", b"X") or int(fields[19]) != started
+    except (IndexError, ValueError):
+        return True

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from . import _native
 from ._native import PID_LIMIT
-from ._proc import euid_of, start_time
+from ._proc import euid_of, exited, start_time
 from ._record import (
     MAX_LISTED,
     MAX_NAME,
@@ -32,7 +32,7 @@ from ._record import (
 from .cpulist import MAX_CPUS, format_cpulist
 from .errors import excerpt, printable
 
-__all__ = ["Record", "Registry", "parent_pinned_to", "prune", "read_registry"]
+__all__ = ["Record", "Registry", "parent_pinned_to", "prune", "prune_members", "read_registry"]
 
 
 def _whole(value: object, lo: int, hi: int, what: str) -> int:
@@ -89,6 +89,14 @@ class Record:
     process_mask: frozenset[int] = frozenset()
     pins: tuple[Pinned, ...] = ()
     time: float = 0.0
+    role: str = ""
+    """What the process says it is (``vllm-worker``, say); empty when it says nothing."""
+    notes: tuple[str, ...] = ()
+    """The decisions made for the process, a line each, with why."""
+    steps: tuple[dict[str, object], ...] = ()
+    """Its step clocks' figures (:func:`cpupin.registry.step_figures`), checked."""
+    server: tuple[int, int] | None = None
+    """The (pid, start time) of the process that prunes this one's record."""
 
     @property
     def live(self) -> bool:
@@ -115,6 +123,10 @@ class Record:
                 process_mask_list=format_cpulist(self.process_mask),
             )
         else:
+            out["role"] = self.role or None
+            out["notes"] = list(self.notes)
+            out["steps"] = [dict(s) for s in self.steps]
+            out["server_pid"] = self.server[0] if self.server else None
             out["pins"] = [
                 {
                     "tid": p.tid,
@@ -375,9 +387,70 @@ def _process(
                 _text(p.get("role"), "role", 32),
             )
         )
+    role = record.get("role")
+    notes = record.get("notes", [])
+    if not isinstance(notes, list) or len(notes) > 16:
+        raise ValueError("notes is not a list of at most 16")
+    steps = record.get("steps", [])
+    if not isinstance(steps, list) or len(steps) > 8:
+        raise ValueError("steps is not a list of at most 8 clocks")
+    server_raw = record.get("server")
+    server = None
+    if server_raw is not None:
+        if not isinstance(server_raw, list) or len(server_raw) != 2:
+            raise ValueError("server is not a pid and a start time")
+        server = (
+            _whole(server_raw[0], 1, PID_LIMIT - 1, "server pid"),
+            _whole(server_raw[1], 0, 1 << 62, "server start_time"),
+        )
     return Record(
-        "process", path, pid, started, uid, _alive(pid, started), pins=tuple(pins), time=when
+        "process",
+        path,
+        pid,
+        started,
+        uid,
+        _alive(pid, started),
+        pins=tuple(pins),
+        time=when,
+        role="" if role is None else _text(role, "role", 32),
+        notes=tuple(_text(n, "note", 240) for n in notes),
+        steps=tuple(_step_figures(s) for s in steps),
+        server=server,
     )
+
+
+_STEP_SUMS = ("wall_s", "wait_s", "throttled_s")
+_STEP_PERCENTILES = ("wall_p50_us", "wall_p99_us", "wait_p50_us", "wait_p99_us")
+
+
+def _seconds(value: object, what: str) -> float:
+    if type(value) not in (int, float) or not 0 <= value < 1e12:  # type: ignore[operator]
+        raise ValueError(f"{what} {excerpt(value)} is not a time in range")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _step_figures(value: object) -> dict[str, object]:
+    """One clock's figures in a record, each checked (the histogram has one
+    count a bucket of :data:`cpupin.stepclock.BUCKETS_S` and one above)."""
+    from .stepclock import BUCKETS_S
+
+    if not isinstance(value, dict):
+        raise ValueError("a clock's figures are not an object")
+    counts = value.get("counts")
+    if not isinstance(counts, list) or len(counts) != len(BUCKETS_S) + 1:
+        raise ValueError(f"a clock's counts are not {len(BUCKETS_S) + 1} numbers")
+    out: dict[str, object] = {
+        "clock": _text(value.get("clock"), "clock"),
+        "tid": _whole(value.get("tid"), 1, PID_LIMIT - 1, "a clock's tid"),
+        "steps": _whole(value.get("steps"), 0, 1 << 62, "steps"),
+        "counts": [_whole(c, 0, 1 << 62, "a bucket's count") for c in counts],
+    }
+    for key in _STEP_SUMS:
+        out[key] = _seconds(value.get(key), key)
+    for key in _STEP_PERCENTILES:
+        got = value.get(key)
+        out[key] = None if got is None else _seconds(got, key)
+    return out
 
 
 def _reason(exc: BaseException) -> str:
@@ -513,6 +586,49 @@ def _read_live(
     record = _read_process(dir_fd, name, path, pid, started, host)
     seen.add((pid, started))
     return record
+
+
+def prune_members(server: tuple[int, int], directory: str | None = None) -> list[str]:
+    """Remove the records of exited processes that name ``server`` (pid,
+    start time) as theirs (:func:`cpupin.registry.describe_process`'s
+    ``server``) and that this user owns: what a server's processes that were
+    killed (vLLM's engine core and workers get ``SIGKILL`` at shutdown) left
+    behind. Returns the paths removed. Each file is opened as a live record
+    is (no link followed, regular, bounded) and parsed before it goes."""
+    where = lock_dir(directory)
+    removed: list[str] = []
+    try:
+        dir_fd = open_lock_dir(where)
+    except OSError:
+        return removed
+    try:
+        for count, name in enumerate(os.listdir(dir_fd)):
+            if count >= MAX_RECORDS:
+                break
+            match = _PROC_NAME.fullmatch(name)
+            if match is None:
+                continue
+            pid, started = int(match.group(1)), int(match.group(2))
+            if not exited(pid, started):
+                continue  # alive: its own exit removes it
+            try:
+                fd, info = _open_record(dir_fd, name)
+                if info.st_uid != os.geteuid():
+                    os.close(fd)
+                    continue
+                record = _decode(fd)
+            except (OSError, ValueError):
+                continue
+            if record is None or record.get("server") != list(server):
+                continue
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+                removed.append(os.path.join(where, name))
+            except OSError:
+                continue
+    finally:
+        os.close(dir_fd)
+    return removed
 
 
 def parent_pinned_to(cpus: frozenset[int]) -> bool:

@@ -39,12 +39,12 @@ from .cgroup import Quota
 from .cpulist import format_cpulist
 from .pool_census import census
 from .process import process_cpus, thread_masks
-from .registry import Registry, read_registry
+from .registry import Record, Registry, read_registry
 from .sampling import process_mask_of
 from .threads import pinned_roles
 from .throttle import read_cpu_stat
 
-__all__ = ["ProcessesCollector", "ThreadCollector"]
+__all__ = ["ProcessesCollector", "ServerStepsCollector", "ThreadCollector"]
 
 _LABELS = ["pid", "tid", "name", "role", "cpus"]
 
@@ -117,6 +117,11 @@ def _collect(
         "Time the cgroup was throttled during steps (cpupin.StepClock)",
         labels=["pid", "clock"],
     )
+    info = GaugeMetricFamily(
+        "cpupin_process_role",
+        "The role a process gives itself in its record (1 for each process that names one)",
+        labels=["pid", "role"],
+    )
     for target in pids:
         own = target is None or target == os.getpid()
         try:
@@ -136,6 +141,9 @@ def _collect(
         _throttling(quota, pid, throttled, periods)
         if own:
             _steps(pid, step_wait, step_wall, step_throttled)
+        else:
+            for record in _records_of(registry, target or 0):
+                _record_steps(record, step_wait, step_wall, step_throttled, info)
         stray = 0
         for st, cpus in threads:
             role, pinned = roles.get(st.tid, ("", frozenset()))
@@ -153,7 +161,98 @@ def _collect(
         count.add_metric([pid], len(threads))
         strays.add_metric([pid], stray)
     yield from (cpu, wait, count, strays, usable, pool, throttled, periods)
-    yield from (step_wait, step_wall, step_throttled)
+    yield from (step_wait, step_wall, step_throttled, info)
+
+
+def _records_of(registry: Registry | None, pid: int) -> list[Record]:
+    if registry is None:
+        return []
+    return [r for r in registry.records if r.kind == "process" and r.live and r.pid == pid]
+
+
+def _record_steps(
+    record: Record, step_wait: Any, step_wall: Any, step_throttled: Any, info: Any
+) -> None:
+    """Another process's step figures, as its record carries them."""
+    from .stepclock import BUCKETS_S
+
+    pid = str(record.pid)
+    if record.role:
+        info.add_metric([pid, record.role], 1)
+    for fig in record.steps:
+        counts = fig["counts"]
+        assert isinstance(counts, list)
+        buckets, running = [], 0
+        for bound, n in zip([*BUCKETS_S, None], counts):
+            running += n
+            buckets.append(("+Inf" if bound is None else repr(bound), running))
+        clock = str(fig["clock"])
+        step_wait.add_metric([pid, clock], buckets, fig["wait_s"])
+        step_wall.add_metric([pid, clock], fig["wall_s"])
+        step_throttled.add_metric([pid, clock], fig["throttled_s"])
+
+
+def _ancestors(pid: int, depth: int = 16) -> list[int]:
+    """A process's parent, grandparent, ... (at most ``depth``)."""
+    out = []
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                text = f.read(4096)
+        except OSError:
+            break
+        fields = text[text.rfind(b")") + 2 :].split()
+        if len(fields) < 2 or not fields[1].isdigit():
+            break
+        pid = int(fields[1])
+        if pid <= 1:
+            break
+        out.append(pid)
+    return out
+
+
+class ServerStepsCollector:
+    """Exports the step figures and roles that the records of ``pid`` and
+    of its descendants carry (a vLLM server's API server, engine core and
+    workers), read at each scrape: what the vLLM plugin adds to vLLM's own
+    ``/metrics``. Cheap: one read of the lock directory a scrape."""
+
+    def __init__(self, pid: int, lock_dir: str | None = None) -> None:
+        _require()
+        self.pid = pid
+        self.lock_dir = lock_dir
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import HistogramMetricFamily
+
+        step_wait = HistogramMetricFamily(
+            "cpupin_step_wait_seconds",
+            "Run-queue wait of the step thread during each step (cpupin.StepClock)",
+            labels=["pid", "clock"],
+        )
+        step_wall = CounterMetricFamily(
+            "cpupin_step_seconds",
+            "Wall time of the steps (cpupin.StepClock)",
+            labels=["pid", "clock"],
+        )
+        step_throttled = CounterMetricFamily(
+            "cpupin_step_throttled_seconds",
+            "Time the cgroup was throttled during steps (cpupin.StepClock)",
+            labels=["pid", "clock"],
+        )
+        info = GaugeMetricFamily(
+            "cpupin_process_role",
+            "The role a process gives itself in its record (1 for each process that names one)",
+            labels=["pid", "role"],
+        )
+        registry = read_registry(self.lock_dir)
+        for record in sorted(registry.records, key=lambda r: r.pid):
+            if record.kind != "process" or not record.live:
+                continue
+            if record.pid == self.pid or self.pid in _ancestors(record.pid):
+                _record_steps(record, step_wait, step_wall, step_throttled, info)
+        yield from (step_wait, step_wall, step_throttled, info)
 
 
 def _pools(

@@ -67,7 +67,14 @@ from ._record import (
 from .errors import printable
 
 if TYPE_CHECKING:
-    from ._registry_read import Record, Registry, parent_pinned_to, prune, read_registry
+    from ._registry_read import (
+        Record,
+        Registry,
+        parent_pinned_to,
+        prune,
+        prune_members,
+        read_registry,
+    )
 
 # The format's names are this module's too (cpupin._record holds them so
 # that the reader does not import the writer).
@@ -90,8 +97,11 @@ __all__ = [
     "lock_dir",
     "open_lock_dir",
     "prune",
+    "prune_members",
     "read_registry",
+    "describe_process",
     "register_pins",
+    "step_figures",
 ]
 
 # --- this process's record --------------------------------------------------
@@ -114,6 +124,15 @@ _warned: set[str] = set()
 _fragments: dict[Pinned, str] = {}
 #: ``CPUPIN_REGISTRY=0`` keeps this process from writing its record.
 _disabled = os.environ.get("CPUPIN_REGISTRY") == "0"
+# The pins last registered, and what the process says of itself beside them
+# (its role, its step clocks' figures, its notes): a record carries both.
+_pins: list[Pinned] = []
+_about: dict[str, Any] = {}
+#: The most notes a record keeps, and the longest one.
+MAX_NOTES = 16
+MAX_NOTE = 240
+#: The most step clocks a record carries.
+MAX_CLOCKS = 8
 
 
 def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
@@ -145,34 +164,89 @@ def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
     cannot take the record logs why once, at warning level, and the pins
     stand."""
     with _lock:
-        if _disabled or _closed:
-            return
-        where = lock_dir(directory)
-        if _written is not None and _written[0] != where:
-            _remove()  # the directory changed: the old record goes
-        listed = sorted(pins)
-        if not listed and _fd < 0:
-            return  # no record, and nothing to record
-        # A record with no pins left stays (until exit) rather than go: the
-        # next pin is then one pwrite, not a new file.
-        data = _record_bytes(listed)
-        if _fd >= 0 and len(data) <= _slot and _room(_slot):
-            try:
-                if os.fstat(_fd).st_nlink:  # still in the directory
-                    _write_all(_fd, data.ljust(_slot, b" "), 0)
-                    return
-            except OSError as exc:
-                _warn_once(where, f"cannot write a record there: {exc.strerror}")
+        _pins[:] = sorted(pins)
+        _write(directory)
+
+
+def describe_process(
+    *,
+    role: str | None = None,
+    notes: Iterable[str] | None = None,
+    steps: Iterable[dict[str, Any]] | None = None,
+    server: tuple[int, int] | None = None,
+    directory: str | None = None,
+) -> None:
+    """Say in this process's record what it is beside its pins: its
+    ``role`` (a short word, such as ``vllm-worker``), ``notes`` (one line for
+    each decision made for it, with why; at most :data:`MAX_NOTES`), its
+    step clocks' figures (``steps``: :func:`step_figures` of each clock) and
+    the ``server`` it belongs to (the pid and start time of the process that
+    prunes its record should it be killed: :func:`prune_members`).
+    ``None`` leaves that part as it was. A record written only for this
+    (no pins) is still the process's record: ``cpupin ps`` lists it. Best
+    effort, as :func:`register_pins`."""
+    with _lock:
+        if role is not None:
+            _about["role"] = printable(str(role), 32)
+        if notes is not None:
+            _about["notes"] = [printable(str(n), MAX_NOTE) for n in list(notes)[:MAX_NOTES]]
+        if steps is not None:
+            _about["steps"] = list(steps)[:MAX_CLOCKS]
+        if server is not None:
+            _about["server"] = [int(server[0]), int(server[1])]
+        _write(directory)
+
+
+def step_figures(clock: Any) -> dict[str, Any]:
+    """A :class:`cpupin.StepClock`'s figures as a record carries them: its
+    counts and sums, the histogram of its wait, and the percentiles of the
+    steps it keeps (what ``ps`` and Prometheus show of another process)."""
+    p = clock.percentiles()
+    return {
+        "clock": printable(str(clock.name), MAX_NAME),
+        "tid": clock.tid,
+        "steps": clock.steps,
+        "wall_s": round(clock.wall_sum_ns / 1e9, 6),
+        "wait_s": round(clock.wait_sum_ns / 1e9, 6),
+        "throttled_s": round(clock.throttled_sum_ns / 1e9, 6),
+        "counts": clock.wait_counts,
+        "wall_p50_us": p["wall_us"].get("p50"),
+        "wall_p99_us": p["wall_us"].get("p99"),
+        "wait_p50_us": p["wait_us"].get("p50"),
+        "wait_p99_us": p["wait_us"].get("p99"),
+    }
+
+
+def _write(directory: str | None) -> None:
+    """Write the record (under the lock) of :data:`_pins` and :data:`_about`."""
+    if _disabled or _closed:
+        return
+    where = lock_dir(directory)
+    if _written is not None and _written[0] != where:
+        _remove()  # the directory changed: the old record goes
+    listed = _pins
+    if not listed and not _about and _fd < 0:
+        return  # no record, and nothing to record
+    # A record with no pins left stays (until exit) rather than go: the
+    # next pin is then one pwrite, not a new file.
+    data = _record_bytes(listed)
+    if _fd >= 0 and len(data) <= _slot and _room(_slot):
+        try:
+            if os.fstat(_fd).st_nlink:  # still in the directory
+                _write_all(_fd, data.ljust(_slot, b" "), 0)
                 return
-        try:
-            dir_fd = open_lock_dir(where)
         except OSError as exc:
-            _warn_once(where, exc.strerror or str(exc))
+            _warn_once(where, f"cannot write a record there: {exc.strerror}")
             return
-        try:
-            _create(dir_fd, where, data)
-        finally:
-            os.close(dir_fd)
+    try:
+        dir_fd = open_lock_dir(where)
+    except OSError as exc:
+        _warn_once(where, exc.strerror or str(exc))
+        return
+    try:
+        _create(dir_fd, where, data)
+    finally:
+        os.close(dir_fd)
 
 
 def _room(size: int) -> bool:
@@ -200,8 +274,11 @@ def _record_bytes(listed: list[Pinned]) -> bytes:
                 separators=(",", ":"),
             )
         pins.append(text)
+    about = "".join(
+        f'"{key}":{json.dumps(_about[key], separators=(",", ":"))},' for key in sorted(_about)
+    )
     body = (
-        f'{{"pid":{pid},"pins":[{",".join(pins)}],"start_time":{started},'
+        f'{{{about}"pid":{pid},"pins":[{",".join(pins)}],"start_time":{started},'
         f'"time":{round(time.time(), 3)!r},"uid":{uid},"version":{VERSION}}}'
     ).encode()
     return frame(body)
@@ -329,10 +406,12 @@ def _after_fork_in_child() -> None:
     _written = _me = None
     _closed = False
     _lock = threading.RLock()
+    _pins.clear()
+    _about.clear()
 
 
 #: What the reader module defines, imported on first use.
-_READER = ("Record", "Registry", "parent_pinned_to", "prune", "read_registry")
+_READER = ("Record", "Registry", "parent_pinned_to", "prune", "prune_members", "read_registry")
 
 
 def __getattr__(name: str) -> Any:

@@ -69,7 +69,13 @@ def _text(data: dict[str, object]) -> None:
     print(
         f"cpupin ps: lock directory {printable(str(data['lock_dir']), 120)}; "
         f"{len(live_servers)} server(s), "
-        f"{sum(1 for p in live_procs if p['pins'])} process(es) with pins; "
+        f"{sum(1 for p in live_procs if p['pins'])} process(es) with pins"
+        + (
+            f", {sum(1 for p in live_procs if p.get('role'))} with a role"
+            if any(p.get("role") for p in live_procs)
+            else ""
+        )
+        + "; "
         + (
             f"sampled over {data['sampled_s']:.3g} s (asked {data['interval_s']:g} s)"
             if data["sampled_s"]
@@ -88,6 +94,16 @@ def _text(data: dict[str, object]) -> None:
         f"{'cpu ms/s':>9} {'wait ms/s':>10}"
     )
     for p in live_procs:
+        if p.get("role"):
+            print(f"{'':8} {p['pid']:>8}  {printable(p['role'], 32)}")
+        for note in p.get("notes", []):
+            print(f"{'':8} {p['pid']:>8}    {printable(note, 240)}")
+        for s in p.get("steps", []):
+            print(
+                f"{'':8} {p['pid']:>8}  steps {s['clock']}: {s['steps']} on tid {s['tid']}, "
+                f"wait p50 {_us(s['wait_p50_us'])} p99 {_us(s['wait_p99_us'])}, "
+                f"wall p99 {_us(s['wall_p99_us'])}, throttled {s['throttled_s']:.3f} s"
+            )
         for t in p.get("threads", []):
             cpu = f"{t['cpu_ms_per_s']:.1f}" if t["cpu_ms_per_s"] is not None else "gone"
             wait = f"{t['wait_ms_per_s']:.1f}" if t["wait_ms_per_s"] is not None else "-"
@@ -120,6 +136,10 @@ def _text(data: dict[str, object]) -> None:
         print(f"ignored  {printable(item['path'], 160)}: {printable(item['reason'], 160)}")
     if data.get("not_listed"):
         print(f"and      {data['not_listed']} more stale or ignored file(s), not listed")
+
+
+def _us(value: object) -> str:
+    return "-" if value is None else f"{value:.0f} µs"
 
 
 def _prometheus(registry: Registry) -> int:

@@ -1,0 +1,605 @@
+"""cpupin inside vLLM: a ``vllm.general_plugins`` entry point.
+
+vLLM loads its general plugins in every process it starts: the API server,
+the engine core, each worker, and short-lived helpers (a model inspection in
+a subprocess). :func:`register` finds which one it runs in from what vLLM
+itself sets (the process title ``VLLM::EngineCore``/``VLLM::Worker``, the
+``multiprocessing`` name ``EngineCore``/``VllmWorker-N``, the module that
+runs the API server), never from timing, and does nothing in a helper.
+
+``CPUPIN_VLLM`` chooses what it does:
+
+- ``observe`` (the default): every process writes its registry record with
+  its role (``cpupin ps`` lists the server's processes by name); the worker
+  times every ``execute_model`` with a :class:`~cpupin.StepClock` and puts
+  the clock's figures in its record once a second, from a thread of its own
+  on the launcher's CPUs; the API server exports every one of its processes'
+  step figures through vLLM's own ``/metrics`` (and ``cpupin ps
+  --prometheus`` shows them too). Beside that it changes one thing only,
+  and only what cpupin itself set: the library pool variables a
+  ``cpupin exec`` or a ``child_env()`` put in the environment are removed
+  where vLLM sizes those pools itself (its worker's OpenMP team follows the
+  CPUs it binds; torch takes ``MKL_NUM_THREADS`` over that), since vLLM
+  takes any value it finds for the user's.
+- ``auto``: observe, and apply what cpupin knows. On vLLM-CPU, the worker's
+  OpenMP team is capped to the CPUs the process can use (a quota: its CPU
+  lists are cut to the usable CPUs before the worker starts, since vLLM
+  makes ``torch.set_num_threads`` a no-op once it has bound the team); the
+  worker's threads that are not OpenMP's (gloo, ZMQ, named Python threads)
+  and the engine core and API server are moved off the OpenMP CPUs onto the
+  CPUs vLLM reserves for them, and the worker's are checked again once a
+  second (threads it starts later inherit the OpenMP pin). Every decision
+  is a note in the process's record (``cpupin ps``) and a line in the log.
+- ``off``: nothing at all.
+
+Nothing here ever raises into vLLM: a failure is logged once, with why, and
+the server runs as it would without cpupin.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .cpulist import format_cpulist, parse_cpulist
+
+__all__ = [
+    "ENV_MASK",
+    "ENV_MODE",
+    "ENV_SERVER",
+    "MODES",
+    "ROLES",
+    "mode_from_env",
+    "omp_cpus",
+    "register",
+    "role_of",
+    "threads_to_move",
+]
+
+#: The variable that chooses what the plugin does.
+ENV_MODE = "CPUPIN_VLLM"
+#: Its values; the first is the default.
+MODES = ("observe", "auto", "off")
+#: The roles, as the records name them.
+ROLES = ("vllm-api-server", "vllm-engine-core", "vllm-worker")
+#: The launcher's mask, as the API server found it, for its children (the
+#: worker's own mask is OpenMP's pin by the time the plugin loads there).
+ENV_MASK = "CPUPIN_VLLM_MASK"
+#: The API server's pid and start time (``PID-START``), for its children's
+#: records: the API server removes them at exit when vLLM killed their
+#: processes (its shutdown ends the engine core and workers with SIGKILL).
+ENV_SERVER = "CPUPIN_VLLM_SERVER"
+#: The library pool variables whose pools vLLM sizes itself.
+VLLM_SIZED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS")
+
+log = logging.getLogger("cpupin.vllm")
+
+# --- pure decisions ---------------------------------------------------------
+
+
+def mode_from_env(environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """The mode ``CPUPIN_VLLM`` asks for, and a warning when its value is
+    not one of :data:`MODES` (the default then applies)."""
+    value = environ.get(ENV_MODE)
+    if value is None or value.strip() == "":
+        return MODES[0], None
+    word = value.strip().lower()
+    if word in MODES:
+        return word, None
+    shown = value[:40].encode("ascii", "backslashreplace").decode()
+    return MODES[0], (
+        f"{ENV_MODE}={shown!r} is not a mode: choose {', '.join(MODES)}; "
+        f"observing, the default"
+    )
+
+
+def role_of(title: str, mp_name: str, main: str, argv: list[str]) -> str | None:
+    """The role of a vLLM process from what vLLM sets: its process title
+    (``VLLM::EngineCore``, ``VLLM::Worker_TP1``; any prefix), the name of its
+    ``multiprocessing`` process (``EngineCore``, ``EngineCore_DP0``,
+    ``VllmWorker-0``), or, for the API server, the module or command that
+    runs it; ``None`` for anything else (a helper)."""
+    _, _, name = title.partition("::")
+    if name.startswith("EngineCore") or mp_name.startswith("EngineCore"):
+        return "vllm-engine-core"
+    if name.startswith("Worker") or mp_name.startswith("VllmWorker"):
+        return "vllm-worker"
+    if name.startswith("APIServer"):
+        return "vllm-api-server"
+    if mp_name != "MainProcess":
+        return None
+    if main.startswith("vllm.entrypoints"):
+        return "vllm-api-server"
+    if len(argv) >= 2 and os.path.basename(argv[0]) == "vllm" and argv[1] == "serve":
+        return "vllm-api-server"
+    return None
+
+
+def _gomp_list(text: str) -> frozenset[int]:
+    """``GOMP_CPU_AFFINITY``: CPUs or ranges (with a stride) separated by
+    spaces or commas."""
+    cpus: set[int] = set()
+    for item in text.replace(",", " ").split():
+        span, _, stride = item.partition(":")
+        first, _, last = span.partition("-")
+        lo, hi = int(first), int(last or first)
+        step = int(stride or 1)
+        if not 0 <= lo <= hi < 65536 or step < 1:
+            raise ValueError(item)
+        cpus.update(range(lo, hi + 1, step))
+    return frozenset(cpus)
+
+
+def _places(text: str) -> frozenset[int]:
+    """``OMP_PLACES`` made of explicit places: ``{0,1},{2:2}`` or ``{0}:4``
+    forms count their CPUs; abstract names (``cores``) are not CPU lists."""
+    cpus: set[int] = set()
+    body = text.replace(" ", "")
+    if not body.startswith("{"):
+        raise ValueError(text)
+    for place in body.split("}"):
+        place = place.lstrip(",").lstrip("{")
+        if not place or place.startswith(":"):
+            continue
+        for item in place.split(","):
+            start, _, length = item.partition(":")
+            lo = int(start)
+            n = int(length.partition(":")[0] or 1)
+            if not 0 <= lo < 65536 or not 1 <= n <= 65536:
+                raise ValueError(item)
+            cpus.update(range(lo, lo + n))
+    return frozenset(cpus)
+
+
+def omp_cpus(environ: Mapping[str, str]) -> tuple[frozenset[int], str] | None:
+    """The CPUs an OpenMP runtime binds its team to, from the variables vLLM
+    (or anyone) set for it: ``GOMP_CPU_AFFINITY`` (libgomp),
+    ``KMP_AFFINITY``'s ``proclist=[...]`` (Intel's), ``OMP_PLACES`` with
+    explicit CPUs; and which variable said so. ``None`` when none binds."""
+    text = environ.get("GOMP_CPU_AFFINITY")
+    if text:
+        try:
+            return _gomp_list(text), "GOMP_CPU_AFFINITY"
+        except ValueError:
+            pass
+    text = environ.get("KMP_AFFINITY", "")
+    start = text.find("proclist=[")
+    if start >= 0:
+        inner = text[start + len("proclist=[") :].partition("]")[0]
+        try:
+            return _gomp_list(inner), "KMP_AFFINITY"
+        except ValueError:
+            pass
+    text = environ.get("OMP_PLACES", "")
+    if text:
+        try:
+            return _places(text), "OMP_PLACES"
+        except ValueError:
+            pass
+    return None
+
+
+def threads_to_move(
+    threads: Iterable[tuple[int, str, frozenset[int]]],
+    *,
+    main_tid: int,
+    omp: frozenset[int],
+    reserved: frozenset[int],
+    keep_team: bool,
+) -> list[tuple[int, str]]:
+    """Which threads go to ``reserved``: each ``(tid, name, mask)`` that
+    touches the OpenMP CPUs and is not the main thread, and (``keep_team``,
+    in the worker) that carries a name of its own. OpenMP's team threads
+    keep their creator's name (the main thread's), so a thread named alike
+    may be one of them and stays; gloo, ZMQ and named Python threads go."""
+    if not reserved or not omp:
+        return []
+    main_name = next((name for tid, name, _ in threads if tid == main_tid), None)
+    out = []
+    for tid, name, mask in threads:
+        if tid == main_tid and keep_team:
+            continue
+        if not mask & omp or mask <= reserved:
+            continue
+        if keep_team and name == main_name:
+            continue
+        out.append((tid, name))
+    return out
+
+
+def cap_lists(lists: list[list[int]], reserved: int, usable: int) -> list[list[int]]:
+    """vLLM-CPU's OpenMP CPU lists (one a local rank) cut so that the teams
+    and the reserved CPUs fit the usable CPUs (a quota): each rank keeps an
+    equal share, at least one CPU, its first CPUs in vLLM's order."""
+    if not lists:
+        return lists
+    total = sum(len(cpus) for cpus in lists)
+    room = max(len(lists), usable - reserved)
+    if total <= room:
+        return lists
+    share = max(1, room // len(lists))
+    return [cpus[:share] for cpus in lists]
+
+
+# --- the plugin -------------------------------------------------------------
+
+_started = False
+_state: dict[str, Any] = {}
+_notes: list[str] = []
+
+
+def register() -> None:
+    """The entry point vLLM calls in each process; never raises."""
+    global _started
+    if _started:
+        return
+    _started = True
+    try:
+        _register()
+    except Exception as exc:  # noqa: BLE001 - a helper never takes vLLM down
+        log.warning("cpupin: the vLLM plugin stands aside: %s", exc, exc_info=True)
+
+
+def _title() -> str:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read(256).split(b"\0")[0].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _main_module() -> str:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", "") or ""
+
+
+def _register() -> None:
+    import multiprocessing
+
+    mode, warning = mode_from_env(os.environ)
+    if warning:
+        log.warning("cpupin: %s", warning)
+    if mode == "off":
+        return
+    role = role_of(_title(), multiprocessing.current_process().name, _main_module(), sys.argv)
+    if role is None:
+        return  # a helper process: nothing to record, nothing to time
+    _state.update(mode=mode, role=role)
+    _note(f"cpupin {mode} in the {role[5:].replace('-', ' ')} (pid {os.getpid()})")
+    if role == "vllm-api-server":
+        _own_members()
+        os.environ.setdefault(ENV_MASK, format_cpulist(_launcher_mask()))
+        _drop_our_pool_vars()
+        _export_metrics()
+    if role in ("vllm-engine-core", "vllm-worker"):
+        _wrap_execute_model()
+    if role == "vllm-engine-core":
+        _wrap_omp_manager(mode)
+    if role == "vllm-worker":
+        _start_publisher(mode)
+    _publish()
+
+
+def _note(line: str) -> None:
+    log.info("cpupin: %s", line)
+    _notes.append(line)
+    del _notes[:-16]
+
+
+def _publish(steps: list[dict[str, Any]] | None = None) -> None:
+    from . import registry
+
+    registry.describe_process(
+        role=_state["role"], notes=_notes, steps=steps, server=_server_of(os.environ)
+    )
+
+
+def _server_of(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    pid, _, start = environ.get(ENV_SERVER, "").partition("-")
+    if pid.isdigit() and start.isdigit() and len(pid) < 8 and len(start) < 20:
+        return int(pid), int(start)
+    return None
+
+
+def _own_members() -> None:
+    """Name this API server in its children's records, and remove those
+    that vLLM's shutdown leaves behind, at exit."""
+    import atexit
+
+    from ._proc import start_time
+    from .registry import prune_members
+
+    me = (os.getpid(), start_time(os.getpid()) or 0)
+    os.environ[ENV_SERVER] = f"{me[0]}-{me[1]}"
+
+    def prune() -> None:
+        for path in prune_members(me):
+            log.debug("cpupin: removed %s, the record of a process vLLM killed", path)
+
+    atexit.register(prune)
+
+
+def _launcher_mask() -> frozenset[int]:
+    """The CPUs the launcher gave the server: the API server's
+    :data:`ENV_MASK`, else this process's mask as cpupin recorded it, else
+    the cgroup's cpuset within the online CPUs."""
+    from . import _native
+    from .process import process_cpus
+
+    text = os.environ.get(ENV_MASK)
+    if text:
+        try:
+            return parse_cpulist(text)
+        except ValueError:
+            pass
+    if _state.get("role") == "vllm-api-server":
+        return process_cpus()
+    from .cgroup import read_cgroup_cpuset
+
+    online = _native.online_cpus()
+    return (read_cgroup_cpuset("/") or online) & online
+
+
+def _drop_our_pool_vars() -> None:
+    """Remove the library pool variables cpupin set (``CPUPIN_POOL_VARS``),
+    which vLLM would take for the user's: its children size those pools
+    from the CPUs it binds them to."""
+    from .pools import ENV_POOL_VARS
+
+    ours = [v for v in os.environ.get(ENV_POOL_VARS, "").split(",") if v in VLLM_SIZED]
+    for name in ours:
+        value = os.environ.pop(name, None)
+        if value is not None:
+            _note(
+                f"{name}={value} (set by cpupin) removed: vLLM sizes that pool from the CPUs "
+                "it binds, and would take the value for yours"
+            )
+    if ours:
+        rest = [v for v in os.environ.get(ENV_POOL_VARS, "").split(",") if v not in VLLM_SIZED]
+        os.environ[ENV_POOL_VARS] = ",".join(rest)
+
+
+# --- timing the steps ---------------------------------------------------------
+
+
+def _wrap_execute_model() -> None:
+    """Time each ``execute_model`` of the worker (in whichever process runs
+    it: a worker, or the engine core with a one-process executor)."""
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    original = WorkerWrapperBase.execute_model
+    if getattr(original, "_cpupin", False):
+        return
+    local = threading.local()
+
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        marks = getattr(local, "marks", None)
+        if marks is None:
+            marks = local.marks = _first_step()
+        if not marks:
+            return original(self, *args, **kwargs)
+        begin, end = marks
+        begin()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            end()
+
+    execute_model._cpupin = True  # type: ignore[attr-defined]
+    WorkerWrapperBase.execute_model = execute_model  # type: ignore[method-assign]
+
+
+def _first_step() -> tuple[Callable[[], int], Callable[[], int]] | tuple[()]:
+    """The clock of the thread that runs the steps, made on its first step;
+    ``()`` when it cannot be (then steps run untimed)."""
+    from .stepclock import StepClock
+
+    try:
+        clock = StepClock("execute_model", keep=1024)
+    except Exception as exc:  # noqa: BLE001
+        _note(f"steps not timed: {exc}")
+        return ()
+    _state["clock"] = clock
+    _note(f"times execute_model on tid {clock.tid} (StepClock 'execute_model')")
+    if _state.get("mode") == "auto" and _state.get("role") == "vllm-worker":
+        _register_step_pin()
+    event = _state.get("wake")
+    if isinstance(event, threading.Event):
+        event.set()
+    # The marks themselves: one C call each, whose errors are the clock's
+    # to keep (a figure of a step it could not read is dropped, never raised).
+    return clock._begin, clock._end
+
+
+def _register_step_pin() -> None:
+    """Say in the record that the step thread is where vLLM bound it."""
+    from . import _native
+    from .threads import pin_current_thread
+
+    try:
+        pin_current_thread(_native.get_affinity(), role="step")
+    except (OSError, ValueError) as exc:
+        _note(f"step thread not registered: {exc}")
+
+
+def _start_publisher(mode: str) -> None:
+    """A thread of cpupin's own, on the launcher's CPUs (never the OpenMP
+    pin it would inherit), that puts the clock's figures in the record once
+    a second and, in ``auto``, moves new non-OpenMP threads off the OpenMP
+    CPUs."""
+    from .threads import Thread
+
+    wake = _state["wake"] = threading.Event()
+    Thread(target=_publisher, args=(mode, wake), name="cpupin-vllm", daemon=True).start()
+
+
+def _publisher(mode: str, wake: threading.Event) -> None:
+    from . import _native
+    from .registry import step_figures
+
+    launcher = _launcher_mask()
+    where = _omp_split(launcher)
+    home = where[1] if mode == "auto" and where and where[1] else launcher
+    try:
+        _native.set_affinity(home)
+    except (OSError, ValueError):
+        pass
+    seen = -1
+    first = True
+    while True:
+        wake.wait(1.0)
+        wake.clear()
+        try:
+            if mode == "auto" and where:
+                _sweep(where[0], where[1], keep_team=True, first=first)
+                first = False
+            clock = _state.get("clock")
+            if clock is not None and clock.steps != seen:
+                seen = clock.steps
+                _publish([step_figures(clock)])
+        except Exception as exc:  # noqa: BLE001
+            log.warning("cpupin: the vLLM plugin's publisher stops: %s", exc)
+            return
+
+
+def _omp_split(launcher: frozenset[int]) -> tuple[frozenset[int], frozenset[int]] | None:
+    """This process's OpenMP CPUs and the launcher's others (the reserved)."""
+    found = omp_cpus(os.environ)
+    if found is None:
+        return None
+    omp = found[0] & launcher
+    return (omp, launcher - omp) if omp else None
+
+
+def _sweep(
+    omp: frozenset[int],
+    reserved: frozenset[int],
+    *,
+    keep_team: bool,
+    first: bool = False,
+    pid: int | None = None,
+) -> int:
+    """Move the threads of a process (``None``: this one) that
+    :func:`threads_to_move` names; returns how many moved."""
+    from . import _native
+    from .process import thread_masks
+
+    target = os.getpid() if pid is None else pid
+    listed = [(st.tid, st.name, mask) for st, mask in thread_masks(pid)]
+    moved = []
+    for tid, name in threads_to_move(
+        listed, main_tid=target, omp=omp, reserved=reserved, keep_team=keep_team
+    ):
+        try:
+            _native.set_affinity(reserved, tid)
+            moved.append(name)
+        except (OSError, ValueError):
+            continue  # exited meanwhile
+    if moved and (first or pid is not None):
+        names = sorted(set(moved))
+        _note(
+            f"moved {len(moved)} thread(s) of pid {target} ({', '.join(names[:6])}"
+            f"{', ...' if len(names) > 6 else ''}) off the OpenMP CPUs "
+            f"{format_cpulist(omp)} to {format_cpulist(reserved)}"
+        )
+        _publish()
+    elif moved:
+        _state["moved_later"] = _state.get("moved_later", 0) + len(moved)
+    return len(moved)
+
+
+# --- the engine core: vLLM-CPU's OpenMP plan ---------------------------------
+
+
+def _wrap_omp_manager(mode: str) -> None:
+    """Read (and in ``auto`` cap) vLLM-CPU's OpenMP CPU lists when the
+    engine core makes them, before any worker starts."""
+    try:
+        from vllm.utils import ompmultiprocessing
+    except ImportError:
+        return  # not a build with the CPU worker's OpenMP plan
+    manager = ompmultiprocessing.OMPProcessManager
+    original = manager.__init__
+    if getattr(original, "_cpupin", False):
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            _after_omp_plan(self, mode)
+        except Exception as exc:  # noqa: BLE001
+            _note(f"vLLM's OpenMP plan left as it is: {exc}")
+
+    __init__._cpupin = True  # type: ignore[attr-defined]
+    manager.__init__ = __init__
+
+
+def _after_omp_plan(manager: Any, mode: str) -> None:
+    lists = [list(cpus) for cpus in getattr(manager, "cpu_lists", []) or []]
+    if not lists:
+        return
+    reserved = frozenset(getattr(manager, "reserved_cpu_list", []) or [])
+    launcher = _launcher_mask()
+    omp = frozenset().union(*map(frozenset, lists))
+    if not reserved:
+        reserved = launcher - omp
+    _note(
+        f"vLLM binds OpenMP to {'; '.join(format_cpulist(frozenset(c)) for c in lists)}, "
+        f"reserves {format_cpulist(reserved) or 'no CPU'}"
+    )
+    if mode != "auto":
+        return
+    from .pools import usable_cpus
+
+    usable = usable_cpus()
+    capped = cap_lists(lists, len(reserved), usable)
+    if capped != lists:
+        manager.cpu_lists = capped
+        omp = frozenset().union(*map(frozenset, capped))
+        _note(
+            f"OpenMP capped to {'; '.join(format_cpulist(frozenset(c)) for c in capped)}: "
+            f"{usable} usable CPU(s) (the quota) for the team and the reserved CPUs"
+        )
+    if not reserved:
+        _note("nothing moved: vLLM reserves no CPU beside OpenMP's")
+        return
+    _sweep(omp, reserved, keep_team=False, first=True)
+    parent = os.getppid()
+    if _parent_is_api_server(parent):
+        _sweep(omp, reserved, keep_team=False, pid=parent)
+    _publish()
+
+
+def _parent_is_api_server(pid: int) -> bool:
+    from .registry import read_registry
+
+    try:
+        return any(
+            r.kind == "process" and r.live and r.pid == pid and r.role == "vllm-api-server"
+            for r in read_registry().records
+        )
+    except OSError:
+        return False
+
+
+# --- metrics through vLLM's /metrics ----------------------------------------
+
+
+def _export_metrics() -> None:
+    """Add every server process's step figures (from the records) to the
+    registry vLLM's ``/metrics`` serves (``prometheus_client``'s default;
+    with several API servers vLLM serves a multiprocess registry instead:
+    use ``cpupin ps --prometheus`` there)."""
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:
+        _note("no step metrics on /metrics: prometheus_client is not installed")
+        return
+    from .metrics import ServerStepsCollector
+
+    REGISTRY.register(ServerStepsCollector(os.getpid()))
