@@ -231,7 +231,22 @@ def step_wait_p99(python: str, lock_dir: str, pid: int) -> float | None:
     return None
 
 
-def run_case(args: argparse.Namespace, case: str, cgroup: str | None, port: int) -> dict[str, float]:
+def port_free(port: int) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+    try:
+        conn.connect()
+    except OSError:
+        return True
+    finally:
+        conn.close()
+    return False
+
+
+def run_case(
+    args: argparse.Namespace, case: str, cgroup: str | None, port: int
+) -> dict[str, float]:
+    if not port_free(port):
+        raise SystemExit(f"port {port} is taken (a server left running?): stop it, or --port")
     lock_dir = tempfile.mkdtemp(prefix="cpupin-bench-vllm-")
     env = server_env(case, lock_dir)
     log = open(Path(lock_dir, "server.log"), "wb")  # noqa: SIM115 - closed below
@@ -314,11 +329,16 @@ def main() -> int:
                             continue
                         result = run_case(args, case, cg[0] if quota and cg else None, args.port)
                         samples[case].append(result)
-                        print(f"  round {r + 1} {name:20} {case:14} " + json.dumps(
-                            {k: round(v, 1) for k, v in result.items()}), flush=True)
+                        print(
+                            f"  round {r + 1} {name:20} {case:14} "
+                            + json.dumps({k: round(v, 1) for k, v in result.items()}),
+                            flush=True,
+                        )
             print(f"\n{name}: median (min-max) over {args.rounds} rounds")
-            print(f"  {'case':14} {'tokens/s':>22} {'p50 ms':>22} {'p99 ms':>22} "
-                  f"{'worker wait ms/s':>22} {'step wait p99 µs':>22}")
+            print(
+                f"  {'case':14} {'tokens/s':>22} {'p50 ms':>22} {'p99 ms':>22} "
+                f"{'worker wait ms/s':>22} {'step wait p99 µs':>22}"
+            )
             for case in cases:
                 rows = samples[case]
                 if not rows:
@@ -328,10 +348,15 @@ def main() -> int:
                     values = [row[key] for row in rows if key in row]
                     return f"{spread(values):>22}" if values else f"{'-':>22}"
 
-                print(f"  {case:14} {col('tokens_per_s')} {col('p50_ms')} {col('p99_ms')} "
-                      f"{col('worker_wait_ms_per_s')} {col('step_wait_p99_us')}")
-            base = statistics.median(s["tokens_per_s"] for s in samples.get("alone", [])) if (
-                samples.get("alone")) else None
+                print(
+                    f"  {case:14} {col('tokens_per_s')} {col('p50_ms')} {col('p99_ms')} "
+                    f"{col('worker_wait_ms_per_s')} {col('step_wait_p99_us')}"
+                )
+            base = (
+                statistics.median(s["tokens_per_s"] for s in samples.get("alone", []))
+                if (samples.get("alone"))
+                else None
+            )
             if base:
                 for case in (c for c in cases if samples[c]):
                     tps = statistics.median(s["tokens_per_s"] for s in samples[case])

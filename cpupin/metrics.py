@@ -223,8 +223,11 @@ class ServerStepsCollector:
         self.lock_dir = lock_dir
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-        from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         step_wait = HistogramMetricFamily(
             "cpupin_step_wait_seconds",

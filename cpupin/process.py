@@ -30,7 +30,11 @@ def _log() -> Any:
 
 
 __all__ = [
+    "BINDING_VARS",
     "ENV_PROCESS_CPUS",
+    "binding_in",
+    "parse_environ",
+    "read_environ",
     "environ_of",
     "process_cpus",
     "process_mask_of",
@@ -167,16 +171,114 @@ def environ_of(pid: int, name: str) -> str | None:
     return None
 
 
+#: The variables with which an OpenMP runtime binds its threads itself: a
+#: process started with one of them has every thread on the CPUs it names
+#: (libgomp binds the initial thread when it loads; later threads inherit).
+BINDING_VARS = ("GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PROC_BIND", "OMP_PLACES")
+
+
+def read_environ(pid: int) -> tuple[dict[str, str] | None, str]:
+    """Another process's environment as it started, and a note: empty when
+    it read whole; why when it did not (``None``: unreadable, or entirely
+    overwritten by the process's title, as ``setproctitle`` does when the
+    title is longer than the command line; the variables found when only
+    part was overwritten). Bounded as :func:`environ_of`."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read(_ENVIRON_LIMIT)
+    except OSError as exc:
+        return None, f"its environment cannot be read ({exc.strerror})"
+    return parse_environ(raw)
+
+
+def parse_environ(raw: bytes) -> tuple[dict[str, str] | None, str]:
+    """An environment block (``NAME=value`` entries, each ending in a NUL)
+    and a note, as :func:`read_environ` gives them. What a process title
+    leaves where the block was (NULs or spaces, or the title's own text) is
+    no entry."""
+    entries = [e for e in raw.split(b"\0") if e.strip(b" ")]
+    env = {}
+    broken = 0
+    for item in entries:
+        name, eq, value = item.partition(b"=")
+        if not eq or not name:
+            broken += 1
+            continue
+        env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    if raw and not env:
+        return None, (
+            "its environment was overwritten by its process title (setproctitle): its "
+            "variables cannot be read from outside"
+        )
+    if broken:
+        return env, "part of its environment was overwritten by its process title"
+    return env, ""
+
+
+def binding_in(env: dict[str, str] | None) -> str:
+    """The first OpenMP binding variable set in ``env``, as ``NAME=value``
+    (short), or empty."""
+    for name in BINDING_VARS:
+        value = (env or {}).get(name)
+        if value and not (name == "OMP_PROC_BIND" and value.lower() == "false"):
+            return f"{name}={excerpt(value, 24)}"
+    return ""
+
+
+def _launcher_view(pid: int, threads: frozenset[int]) -> frozenset[int] | None:
+    """The CPUs the launcher gave ``pid``: its cgroup's cpuset within the
+    online CPUs, within its parent's mask when that covers the CPUs of
+    every thread (``threads``: the parent started it there)."""
+    from ._sysfs import Reader
+    from .cgroup import read_cgroup
+
+    try:
+        with Reader("/") as r:
+            cpuset = read_cgroup(r, str(pid))[0]
+    except (OSError, ValueError):
+        cpuset = None
+    online = _native.online_cpus()
+    view = (cpuset or online) & online
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read(4096)
+        parent = int(text[text.rfind(b")") + 2 :].split()[1])
+        theirs = _native.get_affinity(parent) if parent > 1 else None
+    except (OSError, ValueError, IndexError):
+        theirs = None
+    if theirs is not None and threads <= theirs and theirs & view:
+        view &= theirs
+    return view or None
+
+
 def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[int], str]:
-    """Another process's mask: its ``CPUPIN_PROCESS_CPUS`` when set, else
-    the widest mask among its threads; and where it came from."""
+    """Another process's mask, and where it came from: its
+    ``CPUPIN_PROCESS_CPUS`` when set; else, when every thread is on a mask
+    narrower than the launcher gave it (its cgroup's cpuset, its parent's
+    mask) and an OpenMP binding explains it (``GOMP_CPU_AFFINITY`` and the
+    like in its environment, or an environment its title overwrote, which
+    hides them), the launcher's view; else the widest mask among its
+    threads."""
     text = environ_of(pid, ENV_PROCESS_CPUS)
     if text is not None:
         try:
             return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
         except ValueError:
             pass
-    return max(masks, key=len, default=frozenset()), "the widest mask among its threads"
+    widest = max(masks, key=len, default=frozenset())
+    union = frozenset().union(*masks)
+    if widest:
+        launcher = _launcher_view(pid, union)
+        if launcher is not None and widest < launcher and union <= launcher:
+            env, note = read_environ(pid)
+            binding = binding_in(env)
+            if binding or env is None:
+                why = f"as {binding} binds them" if binding else f"and {note}"
+                return launcher, (
+                    f"the launcher's view (cgroup cpuset and parent): no thread is on more "
+                    f"than {format_cpulist(widest)}, {why}"
+                )
+    return widest, "the widest mask among its threads"
 
 
 def registry_of(pid: int, lock_dirs: list[str] | None) -> Registry:

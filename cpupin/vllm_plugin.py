@@ -42,7 +42,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -91,9 +90,10 @@ def mode_from_env(environ: Mapping[str, str]) -> tuple[str, str | None]:
     word = value.strip().lower()
     if word in MODES:
         return word, None
-    shown = value[:40].encode("ascii", "backslashreplace").decode()
+    from .errors import excerpt
+
     return MODES[0], (
-        f"{ENV_MODE}={shown!r} is not a mode: choose {', '.join(MODES)}; "
+        f"{ENV_MODE}={excerpt(value, 24)} is not a mode: choose {', '.join(MODES)}; "
         f"observing, the default"
     )
 
@@ -391,7 +391,7 @@ def _wrap_execute_model() -> None:
             end()
 
     execute_model._cpupin = True  # type: ignore[attr-defined]
-    WorkerWrapperBase.execute_model = execute_model  # type: ignore[method-assign]
+    WorkerWrapperBase.execute_model = execute_model
 
 
 def _first_step() -> tuple[Callable[[], int], Callable[[], int]] | tuple[()]:

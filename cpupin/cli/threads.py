@@ -7,7 +7,7 @@ import os
 
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
-from cpupin.pool_census import census
+from cpupin.pool_census import census, pool_name
 from cpupin.process import process_cpus, thread_masks
 from cpupin.sampling import audit, process_mask_of
 
@@ -57,6 +57,11 @@ def run_threads(args: argparse.Namespace) -> int:
         pid = args.pid
         mask, source = process_mask_of(pid, [m for _, m in threads])
     pools = census(args.pid)
+    shared = (
+        shared_narrow(pid, [(st.tid, st.name, m) for st, m in threads], mask)
+        if source.startswith("the launcher's view")
+        else None
+    )
     if args.json:
         _args.print_json(
             {
@@ -70,6 +75,7 @@ def run_threads(args: argparse.Namespace) -> int:
                 ],
                 "usable_cpus": pools.usable_cpus,
                 "pools": [p.as_dict() for p in pools.pools],
+                "shared_narrow": shared,
             }
         )
         return 0
@@ -93,7 +99,68 @@ def run_threads(args: argparse.Namespace) -> int:
     )
     for line in pool_lines([p.as_dict() for p in pools.pools]):
         print(line)
+    if shared:
+        _print_shared(shared)
     return 0
+
+
+def shared_narrow(
+    pid: int, threads: list[tuple[int, str, frozenset[int]]], mask: frozenset[int]
+) -> dict[str, object] | None:
+    """When the process mask came from the launcher's view and the threads
+    crowd onto fewer CPUs (an OpenMP binding inherited by every thread):
+    which CPUs they share, how many threads share them, which of those are
+    not the OpenMP team (a name of their own: the team keeps the main
+    thread's), which CPUs of the mask run none, and what to do."""
+    narrow = [(tid, name, m) for tid, name, m in threads if m < mask]
+    if not narrow:
+        return None
+    cpus = frozenset().union(*(m for _, _, m in narrow))
+    idle = mask - frozenset().union(*(m for _, _, m in threads))
+    main = next((name for tid, name, _ in threads if tid == pid), "")
+    others: dict[str, int] = {}
+    for tid, name, _ in narrow:
+        if tid != pid and name != main:
+            key = pool_name(name)
+            others[key] = others.get(key, 0) + 1
+    vllm = main.startswith("VLLM::") or "vllm" in main.lower()
+    if vllm:
+        advice = (
+            "vLLM binds its worker's OpenMP team with GOMP_CPU_AFFINITY and every thread "
+            "inherits it: install cpupin in vLLM's environment and set CPUPIN_VLLM=auto (its "
+            "plugin moves the other threads to the CPUs vLLM reserves), or choose the CPUs with "
+            "VLLM_CPU_OMP_THREADS_BIND and VLLM_CPU_NUM_OF_RESERVED_CPU"
+        )
+    else:
+        advice = (
+            "start helper threads on the process mask (cpupin.Thread), or bind only the pool: "
+            "OMP_PLACES with OMP_PROC_BIND binds the team, while GOMP_CPU_AFFINITY also binds "
+            "the initial thread, which every later thread inherits"
+        )
+    return {
+        "cpus": sorted(cpus),
+        "cpus_list": format_cpulist(cpus),
+        "threads": len(narrow),
+        "not_openmp": dict(sorted(others.items(), key=lambda kv: -kv[1])),
+        "idle_cpus_list": format_cpulist(idle),
+        "advice": advice,
+    }
+
+
+def _print_shared(shared: dict[str, object]) -> None:
+    others = shared["not_openmp"]
+    assert isinstance(others, dict)
+    listed = ", ".join(f"{printable(str(k), 24)} ({v})" for k, v in list(others.items())[:8])
+    print(
+        f"shared: {shared['threads']} thread(s) share CPU {shared['cpus_list']}"
+        + (f", {sum(others.values())} of them not OpenMP's: {listed}" if others else "")
+        + (
+            f"; CPU {shared['idle_cpus_list']} of the mask runs none"
+            if shared["idle_cpus_list"]
+            else ""
+        )
+    )
+    print(f"advice: {shared['advice']}")
 
 
 #: ``cpupin audit --fail-on-narrow``'s exit status for a finding (1 stays an

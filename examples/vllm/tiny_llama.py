@@ -40,10 +40,9 @@ def corpus(lines: int, seed: int) -> list[str]:
 
 def make(out: str, *, vocab: int = 1024, layers: int = 2, hidden: int = 256, seed: int = 0) -> str:
     """Write the model and tokenizer to ``out``; returns ``out``."""
+    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    import torch
 
     os.makedirs(out, exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token=None))
