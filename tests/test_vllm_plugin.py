@@ -608,3 +608,32 @@ def test_a_process_taskset_narrowed_keeps_its_own_mask(two_cpus):
         assert got["process_mask_from"] == "the widest mask among its threads"
     finally:
         child.communicate("")
+
+
+def test_threads_tree_lists_a_process_and_its_descendants_with_their_parents():
+    shell = subprocess.Popen(
+        [
+            "/bin/sh",
+            "-c",
+            f'"{sys.executable}" -c "import sys; print(1, flush=True); sys.stdin.read()"; true',
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert shell.stdout.readline().strip() == "1"
+        got = json.loads(
+            run(
+                [sys.executable, "-m", "cpupin", "threads", str(shell.pid), "--tree", "--json"]
+            ).stdout
+        )
+        rows = got["tree"]
+        assert rows[0]["pid"] == shell.pid and rows[0]["parent"] is None
+        (child,) = rows[1:]
+        assert child["parent"] == shell.pid and child["command"].startswith(sys.executable)
+        assert child["threads"] == 1 and child["process_mask_list"]
+        text = run([sys.executable, "-m", "cpupin", "threads", str(shell.pid), "--tree"]).stdout
+        assert text.splitlines()[1].startswith(f"  {child['pid']} ")
+    finally:
+        shell.communicate("")

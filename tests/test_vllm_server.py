@@ -236,6 +236,24 @@ def test_observe_records_every_process_times_every_step_and_leaves_nothing(model
         )
         assert count and float(count.group(1)) >= 16, text[-2000:]
         assert f'cpupin_process_role{{pid="{core}",role="vllm-engine-core"}} 1.0' in text
+        # from outside: the server's tree, and the worker's mask as its launcher gave it
+        out = subprocess.run(
+            [bin_of("cpupin"), "threads", str(api), "--tree", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "CPUPIN_LOCK_DIR": server.lock_dir},
+        )
+        tree = {row["pid"]: row for row in json.loads(out.stdout)["tree"]}
+        assert tree[worker]["role"] == "vllm-worker" and tree[worker]["parent"] == core
+        assert tree[core]["role"] == "vllm-engine-core" and tree[api]["role"] == "vllm-api-server"
+        source = tree[worker]["process_mask_from"]
+        assert source.startswith("the launcher's view"), source
+        assert "overwritten by its process title" in source  # vLLM's title hid GOMP_CPU_AFFINITY
+        shared = tree[worker]["shared_narrow"]
+        assert shared and "pt_gloo_runloop" in shared["not_openmp"], shared
+        assert "CPUPIN_VLLM=auto" in shared["advice"]
         # the README's ps line shows them by role
         out = subprocess.run(
             [bin_of("cpupin"), "ps", "--interval", "0.1"],

@@ -26,6 +26,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="process id, or self for this command's own threads (the default)",
     )
     threads.add_argument("--json", action="store_true", help="print JSON")
+    threads.add_argument(
+        "--tree",
+        action="store_true",
+        help="the process and every descendant (a server's API server, engine core and "
+        "workers), a summary line each: role, threads, mask and where it came from",
+    )
     threads.set_defaults(handler=run_threads)
 
     check = sub.add_parser(
@@ -50,6 +56,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_threads(args: argparse.Namespace) -> int:
+    if args.tree:
+        return _run_tree(os.getpid() if args.pid is None else args.pid, args.json)
     threads = thread_masks(args.pid, last_cpu=True)
     if args.pid is None or args.pid == os.getpid():
         pid, mask, source = os.getpid(), process_cpus(), "cpupin.process_cpus()"
@@ -209,3 +217,96 @@ def run_audit(args: argparse.Namespace) -> int:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+#: The most processes ``threads --tree`` lists.
+MAX_TREE = 256
+
+
+def descendants(pid: int) -> list[tuple[int, int]]:
+    """``pid``'s descendants as (pid, parent), parents first, read from each
+    process's ``stat`` (at most :data:`MAX_TREE`)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                text = f.read(4096)
+            parent = int(text[text.rfind(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    out: list[tuple[int, int]] = []
+    todo = [pid]
+    while todo and len(out) < MAX_TREE:
+        parent = todo.pop(0)
+        for child in sorted(children.get(parent, [])):
+            out.append((child, parent))
+            todo.append(child)
+    return out[:MAX_TREE]
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read(512).split(b"\0")
+    except OSError:
+        return "?"
+    return printable(b" ".join(w for w in words if w).decode("utf-8", "replace"), 60)
+
+
+def _run_tree(root: int, as_json: bool) -> int:
+    from cpupin.registry import read_registry
+
+    roles = {r.pid: r.role for r in read_registry().records if r.kind == "process" and r.live}
+    rows: list[dict[str, object]] = []
+    for pid, parent in [(root, 0), *descendants(root)]:
+        try:
+            threads = thread_masks(pid)
+        except (OSError, ValueError):
+            continue  # exited meanwhile
+        mask, source = process_mask_of(pid, [m for _, m in threads])
+        shared = (
+            shared_narrow(pid, [(st.tid, st.name, m) for st, m in threads], mask)
+            if source.startswith("the launcher's view")
+            else None
+        )
+        rows.append(
+            {
+                "pid": pid,
+                "parent": parent or None,
+                "role": roles.get(pid) or None,
+                "command": _title(pid),
+                "threads": len(threads),
+                "process_mask_list": format_cpulist(mask),
+                "process_mask_from": source,
+                "shared_narrow": shared,
+            }
+        )
+    if as_json:
+        _args.print_json({"pid": root, "tree": rows})
+        return 0
+    by_pid: dict[object, dict[str, object]] = {r["pid"]: r for r in rows}
+    for row in rows:
+        depth = 0
+        up: object = row["parent"]
+        while up in by_pid and depth < 16:
+            depth += 1
+            up = by_pid[up]["parent"]
+        label = row["role"] or row["command"]
+        print(
+            f"{'  ' * depth}{row['pid']} {printable(str(label), 60)}: "
+            f"{_count(int(str(row['threads'])), 'thread')}, mask {row['process_mask_list']} "
+            f"({row['process_mask_from']})"
+        )
+        if isinstance(row["shared_narrow"], dict):
+            shared = row["shared_narrow"]
+            others = shared["not_openmp"]
+            assert isinstance(others, dict)
+            print(
+                f"{'  ' * depth}  shared: {shared['threads']} thread(s) on CPU "
+                f"{shared['cpus_list']}, {sum(others.values())} not OpenMP's; "
+                f"advice: {shared['advice']}"
+            )
+    return 0
