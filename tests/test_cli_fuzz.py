@@ -87,6 +87,8 @@ def argvs(draw):
             argv.append(draw(PID))
         if command == "audit":
             maybe("--fail-on-narrow")
+        else:
+            maybe("--tree")
     elif command == "top":
         argv.append(draw(PID.filter(lambda p: p != "self")))
         # A run that is valid must end: one sample of at most 10 ms.
@@ -104,6 +106,7 @@ def argvs(draw):
         where(required=True)
         # A valid interval is 0 here: a fuzz run must not sleep.
         maybe("--irq-interval", draw(st.just("0") | JUNK.filter(_not_seconds)))
+        maybe("--pid", draw(PID))  # with --host or --root: refused, exit 2
     elif command == "ps":
         argv.extend(["--interval", draw(st.just("0.01") | JUNK.filter(_not_seconds))])
         maybe("--lock-dir", draw(st.sampled_from(["/tmp", "/nonexistent", "/dev/null"]) | JUNK))

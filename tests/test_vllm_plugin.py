@@ -637,3 +637,57 @@ def test_threads_tree_lists_a_process_and_its_descendants_with_their_parents():
         assert text.splitlines()[1].startswith(f"  {child['pid']} ")
     finally:
         shell.communicate("")
+
+
+def test_doctor_judges_another_process_and_says_what_crowds_its_bound_cpu(two_cpus):
+    pytest.importorskip("torch", reason="needs torch's libgomp (pip install torch==2.13.0)")
+    env = {**os.environ, "GOMP_CPU_AFFINITY": str(two_cpus[0]), "OMP_NUM_THREADS": "4"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", BOUND],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        out = run(
+            [
+                sys.executable,
+                "-m",
+                "cpupin",
+                "doctor",
+                "--pid",
+                str(child.pid),
+                "--irq-interval",
+                "0",
+                "--json",
+            ]
+        )
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got["host"] == f"pid {child.pid} on this machine"
+        process = got["process"]
+        assert process["mask_from"].startswith("the launcher's view")
+        assert process["shared_narrow"]["not_openmp"] == {"gloo_tcp_loop": 3}
+        # its OMP_NUM_THREADS=4, read from its environment, not this command's
+        assert any(p.startswith("OMP_NUM_THREADS=4") for p in got["pools"]["problems"])
+        text = run(
+            [
+                sys.executable,
+                "-m",
+                "cpupin",
+                "doctor",
+                "--pid",
+                str(child.pid),
+                "--irq-interval",
+                "0",
+            ]
+        ).stdout
+        assert "process  " in text and "advice   " in text
+    finally:
+        child.communicate("")
+    gone = run([sys.executable, "-m", "cpupin", "doctor", "--pid", str(child.pid)])
+    assert gone.returncode == 2 and "no such process" in gone.stderr
+    both = run([sys.executable, "-m", "cpupin", "doctor", "--pid", "1", "--host", "dgx-h100"])
+    assert both.returncode == 2 and "leave out --host" in both.stderr

@@ -36,6 +36,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds between the two reads of /proc/interrupts that give IRQ rates "
         "(0: one read, no rates; default 0.5)",
     )
+    doctor.add_argument(
+        "--pid",
+        type=_args.pid,
+        help="judge a running process instead of this command's: its mask and where it came "
+        "from (cpuset, quota, an OpenMP binding), its pool variables, and what to set",
+    )
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.set_defaults(handler=run)
 
@@ -58,6 +64,9 @@ class _Report:
     pinned_by: str
     irqs: list[IrqOnPin]
     irq_notes: list[str]
+    process: dict[str, object] | None = None
+    """With ``--pid``: the process judged (pid, command, mask and its
+    source, environment note, threads crowding a bound CPU)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +83,13 @@ def _examine(args: argparse.Namespace) -> _Report:
     --measure-here), judge, and check the pools and memory binding."""
     host, title, mask = _args.load_host(args)
     here = not (args.host or args.root)
+    process = None
+    environ: dict[str, str] | None = dict(os.environ)
+    if args.pid is not None:
+        if not here:
+            raise ValueError("--pid judges a process on this machine: leave out --host and --root")
+        process, mask, environ = _process_facts(args.pid)
+        title = f"pid {args.pid} on this machine"
     handoffs = None
     measured_on = "nowhere"
     if here or args.measure_here:
@@ -81,13 +97,24 @@ def _examine(args: argparse.Namespace) -> _Report:
         handoffs = measure_host(local, process_cpus() & local.cpus)
         measured_on = "this machine" if here else f"this machine, not {args.host or args.root}"
     diagnosis = diagnose(host, handoffs, measured_on)
-    plan = cpu_plan() if here else CpuPlan.for_host(host, mask)
-    problems, advice = environment_advice(plan, len(host.cpus))
+    if process is not None:
+        plan = cpu_plan(args.pid, mask=mask)
+    else:
+        plan = cpu_plan() if here else CpuPlan.for_host(host, mask)
+    if environ is None:
+        assert process is not None
+        problems = [
+            f"its pool variables are unknown: {process['environment']}; read them inside the "
+            "process (cpupin.census())"
+        ]
+        advice: dict[str, int] = {}
+    else:
+        problems, advice = environment_advice(plan, len(host.cpus), environ)
     memory_ok: bool | None = None
     memory_why = "binding not checked (not this machine)"
     if here:
         memory_ok, memory_why = memory_binding_check()
-    origin = explain_cpus(host, mask, _visible_gpus(host) if here else ())
+    origin = explain_cpus(host, mask, _visible_gpus(host, environ or {}) if here else ())
     pinned, pinned_by = _pinned_cpus(host, mask, here)
     irqs: list[IrqOnPin] = []
     if args.host:
@@ -111,7 +138,39 @@ def _examine(args: argparse.Namespace) -> _Report:
         pinned_by,
         irqs,
         irq_notes,
+        process,
     )
+
+
+def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[str, str] | None]:
+    """Another process's facts for the doctor: its mask (the launcher's view
+    where an OpenMP binding narrowed every thread), its environment (``None``
+    when unreadable or overwritten by its title), and its crowded CPUs."""
+    from cpupin.process import process_mask_of, read_environ, thread_masks
+
+    from .threads import _title, shared_narrow
+
+    try:
+        threads = thread_masks(pid)
+    except ProcessLookupError:
+        raise ValueError(f"--pid {pid}: no such process") from None
+    mask, source = process_mask_of(pid, [m for _, m in threads])
+    environ, note = read_environ(pid)
+    shared = (
+        shared_narrow(pid, [(st.tid, st.name, m) for st, m in threads], mask)
+        if source.startswith("the launcher's view")
+        else None
+    )
+    facts: dict[str, object] = {
+        "pid": pid,
+        "command": _title(pid),
+        "threads": len(threads),
+        "mask_list": format_cpulist(mask),
+        "mask_from": source,
+        "environment": note or "read",
+        "shared_narrow": shared,
+    }
+    return facts, mask, environ
 
 
 def _pinned_cpus(host: Host, mask: frozenset[int], here: bool) -> tuple[frozenset[int], str]:
@@ -146,10 +205,10 @@ def _pinned_cpus(host: Host, mask: frozenset[int], here: bool) -> tuple[frozense
     return pinned, " and ".join(parts)
 
 
-def _visible_gpus(host: Host) -> list[tuple[str, int | None]]:
+def _visible_gpus(host: Host, environ: dict[str, str]) -> list[tuple[str, int | None]]:
     """The GPUs ``CUDA_VISIBLE_DEVICES`` names, with their nodes: those the
     process will use, whose nodes its CPUs should lie on (none when unset)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
     if not visible or not host.gpus:
         return []
     from cpupin.binding import gpu_node
@@ -188,6 +247,7 @@ def _print_json(r: _Report) -> None:
                 "problems": r.problems,
                 "set": r.advice,
             },
+            "process": r.process,
         }
     )
 
@@ -216,6 +276,20 @@ def _print_text(r: _Report) -> None:
         print(f"         {line}")
     for warning in r.origin.warnings:
         print(f"warning  {warning}")
+    if r.process is not None:
+        p = r.process
+        print(f"process  {p['command']}: {p['threads']} thread(s); mask from {p['mask_from']}")
+        if p["environment"] != "read":
+            print(f"         {p['environment']}")
+        shared = p["shared_narrow"]
+        if isinstance(shared, dict):
+            others = shared["not_openmp"]
+            assert isinstance(others, dict)
+            print(
+                f"shared   {shared['threads']} thread(s) on CPU {shared['cpus_list']}, "
+                f"{sum(others.values())} of them not OpenMP's"
+            )
+            print(f"advice   {shared['advice']}")
     if r.memory_ok is None:
         print(f"memory   {r.memory_why}")
     else:
@@ -284,6 +358,8 @@ def _print_pools(usable: int, problems: list[str], advice: dict[str, int]) -> No
     print(f"pools    {usable} usable CPU(s); {problems[0]}")
     for line in problems[1:]:
         print(f"         {line}")
+    if not advice:
+        return
     print(
         "         set "
         + " ".join(f"{k}={v}" for k, v in advice.items())
