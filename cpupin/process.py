@@ -253,12 +253,13 @@ def _launcher_view(pid: int, threads: frozenset[int]) -> frozenset[int] | None:
 
 def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[int], str]:
     """Another process's mask, and where it came from: its
-    ``CPUPIN_PROCESS_CPUS`` when set; else, when every thread is on a mask
-    narrower than the launcher gave it (its cgroup's cpuset, its parent's
-    mask) and an OpenMP binding explains it (``GOMP_CPU_AFFINITY`` and the
-    like in its environment, or an environment its title overwrote, which
-    hides them), the launcher's view; else the widest mask among its
-    threads."""
+    ``CPUPIN_PROCESS_CPUS`` when set; else, when its main thread is on a
+    mask narrower than the launcher gave it (its cgroup's cpuset, its
+    parent's mask), every thread within that, and an OpenMP binding explains
+    it (``GOMP_CPU_AFFINITY`` and the like in its environment, or an
+    environment its title overwrote, which hides them: libgomp binds the
+    main thread, and every thread started from it inherits the binding),
+    the launcher's view; else the widest mask among its threads."""
     text = environ_of(pid, ENV_PROCESS_CPUS)
     if text is not None:
         try:
@@ -268,15 +269,19 @@ def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[in
     widest = max(masks, key=len, default=frozenset())
     union = frozenset().union(*masks)
     if widest:
+        try:
+            main = _native.get_affinity(pid)
+        except (OSError, ValueError):
+            main = widest
         launcher = _launcher_view(pid, union)
-        if launcher is not None and widest < launcher and union <= launcher:
+        if launcher is not None and main < launcher and union <= launcher:
             env, note = read_environ(pid)
             binding = binding_in(env)
             if binding or env is None:
-                why = f"as {binding} binds them" if binding else f"and {note}"
+                why = f"as {binding} binds it" if binding else f"and {note}"
                 return launcher, (
-                    f"the launcher's view (cgroup cpuset and parent): no thread is on more "
-                    f"than {format_cpulist(widest)}, {why}"
+                    f"the launcher's view (cgroup cpuset and parent): its main thread is on "
+                    f"{format_cpulist(main)}, narrower, {why}"
                 )
     return widest, "the widest mask among its threads"
 

@@ -115,15 +115,18 @@ def run_threads(args: argparse.Namespace) -> int:
 def shared_narrow(
     pid: int, threads: list[tuple[int, str, frozenset[int]]], mask: frozenset[int]
 ) -> dict[str, object] | None:
-    """When the process mask came from the launcher's view and the threads
-    crowd onto fewer CPUs (an OpenMP binding inherited by every thread):
-    which CPUs they share, how many threads share them, which of those are
-    not the OpenMP team (a name of their own: the team keeps the main
-    thread's), which CPUs of the mask run none, and what to do."""
-    narrow = [(tid, name, m) for tid, name, m in threads if m < mask]
-    if not narrow:
+    """When the process mask came from the launcher's view (an OpenMP
+    binding of the main thread, which every thread started from it
+    inherits): the main thread's CPUs, how many threads crowd onto them,
+    which of those are not the OpenMP team (a name of their own: the team
+    keeps the main thread's), which CPUs of the mask run none, and what to
+    do; ``None`` when no thread but the main one and its namesakes is there."""
+    main_mask = next((m for tid, _, m in threads if tid == pid), None)
+    if main_mask is None or not main_mask < mask:
         return None
-    cpus = frozenset().union(*(m for _, _, m in narrow))
+    # the CPUs the binding gave the main thread, and every thread crowded onto them
+    narrow = [(tid, name, m) for tid, name, m in threads if m <= main_mask]
+    cpus = main_mask
     idle = mask - frozenset().union(*(m for _, _, m in threads))
     main = next((name for tid, name, _ in threads if tid == pid), "")
     others: dict[str, int] = {}
@@ -131,6 +134,8 @@ def shared_narrow(
         if tid != pid and name != main:
             key = pool_name(name)
             others[key] = others.get(key, 0) + 1
+    if not others:
+        return None  # the main thread and, maybe, OpenMP's team: nothing crowds them
     vllm = main.startswith("VLLM::") or "vllm" in main.lower()
     if vllm:
         advice = (
