@@ -255,6 +255,16 @@ def test_observe_records_every_process_times_every_step_and_leaves_nothing(model
         shared = tree[worker]["shared_narrow"]
         assert shared and "pt_gloo_runloop" in shared["not_openmp"], shared
         assert "CPUPIN_VLLM=auto" in shared["advice"]
+        # top names the process it samples by its role
+        out = subprocess.run(
+            [bin_of("cpupin"), "top", str(worker), "--count", "1", "--interval", "0.05", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "CPUPIN_LOCK_DIR": server.lock_dir},
+        )
+        assert json.loads(out.stdout)["role"] == "vllm-worker", out.stderr
         # the README's ps line shows them by role
         out = subprocess.run(
             [bin_of("cpupin"), "ps", "--interval", "0.1"],

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pid is None:
         _demo_threads()
     sampler = Sampler(args.pid)
+    args.role = _role_of(args.pid or os.getpid())
     counts = range(args.count) if args.count is not None else itertools.count()
     document: list[dict[str, object]] = []
     try:
@@ -54,7 +55,12 @@ def run(args: argparse.Namespace) -> int:
         pass  # Ctrl-C is how top ends: the samples taken so far still print
     if args.json:
         _args.print_json(
-            {"pid": args.pid or os.getpid(), "interval_s": args.interval, "samples": document}
+            {
+                "pid": args.pid or os.getpid(),
+                "role": args.role,
+                "interval_s": args.interval,
+                "samples": document,
+            }
         )
     return 0
 
@@ -88,7 +94,9 @@ def _samples(
             print()
         print(
             time.strftime("%H:%M:%S"),
-            f"pid {args.pid or os.getpid()}, {len(samples)} threads, over {args.interval:g} s; "
+            f"pid {args.pid or os.getpid()}"
+            + (f" ({printable(args.role, 32)})" if args.role else "")
+            + f", {len(samples)} threads, over {args.interval:g} s; "
             + throttle_text(sampler.throttling.as_dict() if sampler.throttling else None),
         )
         print(
@@ -103,6 +111,24 @@ def _samples(
                 f"{_short(s.mask):14} {s.state}" + (f", stalled: {s.stall}" if s.stall else "")
             )
         sys.stdout.flush()
+
+
+def _role_of(pid: int) -> str | None:
+    """The role the process gives itself in its record (a vLLM server's
+    ``vllm-worker``, say), else ``None``."""
+    from cpupin.process import registry_of
+
+    try:
+        found = registry_of(pid, None)
+    except OSError:
+        return None
+    return (
+        next(
+            (r.role for r in found.records if r.kind == "process" and r.live and r.pid == pid),
+            None,
+        )
+        or None
+    )
 
 
 def _short(cpus: frozenset[int]) -> str:
