@@ -67,7 +67,6 @@ def _collect(
     from prometheus_client.core import (
         CounterMetricFamily,
         GaugeMetricFamily,
-        HistogramMetricFamily,
     )
 
     cpu = CounterMetricFamily(
@@ -104,24 +103,7 @@ def _collect(
         "Quota periods in which the process's cgroup ran out of quota (cpu.stat)",
         labels=["pid"],
     )
-    step_wait = HistogramMetricFamily(
-        "cpupin_step_wait_seconds",
-        "Run-queue wait of the step thread during each step (cpupin.StepClock)",
-        labels=["pid", "clock"],
-    )
-    step_wall = CounterMetricFamily(
-        "cpupin_step_seconds", "Wall time of the steps (cpupin.StepClock)", labels=["pid", "clock"]
-    )
-    step_throttled = CounterMetricFamily(
-        "cpupin_step_throttled_seconds",
-        "Time the cgroup was throttled during steps (cpupin.StepClock)",
-        labels=["pid", "clock"],
-    )
-    info = GaugeMetricFamily(
-        "cpupin_process_role",
-        "The role a process gives itself in its record (1 for each process that names one)",
-        labels=["pid", "role"],
-    )
+    step_wait, step_wall, step_throttled, info = _step_families()
     for target in pids:
         own = target is None or target == os.getpid()
         try:
@@ -162,6 +144,38 @@ def _collect(
         strays.add_metric([pid], stray)
     yield from (cpu, wait, count, strays, usable, pool, throttled, periods)
     yield from (step_wait, step_wall, step_throttled, info)
+
+
+def _step_families() -> tuple[Any, Any, Any, Any]:
+    """The step clocks' families, and the role's, each once a collection."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+
+    return (
+        HistogramMetricFamily(
+            "cpupin_step_wait_seconds",
+            "Run-queue wait of the step thread during each step (cpupin.StepClock)",
+            labels=["pid", "clock"],
+        ),
+        CounterMetricFamily(
+            "cpupin_step_seconds",
+            "Wall time of the steps (cpupin.StepClock)",
+            labels=["pid", "clock"],
+        ),
+        CounterMetricFamily(
+            "cpupin_step_throttled_seconds",
+            "Time the cgroup was throttled during steps (cpupin.StepClock)",
+            labels=["pid", "clock"],
+        ),
+        GaugeMetricFamily(
+            "cpupin_process_role",
+            "The role a process gives itself in its record (1 for each process that names one)",
+            labels=["pid", "role"],
+        ),
+    )
 
 
 def _records_of(registry: Registry | None, pid: int) -> list[Record]:
@@ -223,32 +237,7 @@ class ServerStepsCollector:
         self.lock_dir = lock_dir
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        step_wait = HistogramMetricFamily(
-            "cpupin_step_wait_seconds",
-            "Run-queue wait of the step thread during each step (cpupin.StepClock)",
-            labels=["pid", "clock"],
-        )
-        step_wall = CounterMetricFamily(
-            "cpupin_step_seconds",
-            "Wall time of the steps (cpupin.StepClock)",
-            labels=["pid", "clock"],
-        )
-        step_throttled = CounterMetricFamily(
-            "cpupin_step_throttled_seconds",
-            "Time the cgroup was throttled during steps (cpupin.StepClock)",
-            labels=["pid", "clock"],
-        )
-        info = GaugeMetricFamily(
-            "cpupin_process_role",
-            "The role a process gives itself in its record (1 for each process that names one)",
-            labels=["pid", "role"],
-        )
+        step_wait, step_wall, step_throttled, info = _step_families()
         registry = read_registry(self.lock_dir)
         for record in sorted(registry.records, key=lambda r: r.pid):
             if record.kind != "process" or not record.live:

@@ -373,7 +373,7 @@ def _wrap_execute_model() -> None:
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
     original = WorkerWrapperBase.execute_model
-    if getattr(original, "_cpupin", False):
+    if getattr(original, "cpupin_wrapper", False):
         return
     local = threading.local()
 
@@ -390,7 +390,7 @@ def _wrap_execute_model() -> None:
         finally:
             end()
 
-    execute_model._cpupin = True  # type: ignore[attr-defined]
+    execute_model.cpupin_wrapper = True  # type: ignore[attr-defined]
     WorkerWrapperBase.execute_model = execute_model
 
 
@@ -525,7 +525,7 @@ def _wrap_omp_manager(mode: str) -> None:
         return  # not a build with the CPU worker's OpenMP plan
     manager = ompmultiprocessing.OMPProcessManager
     original = manager.__init__
-    if getattr(original, "_cpupin", False):
+    if getattr(original, "cpupin_wrapper", False):
         return
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -535,7 +535,7 @@ def _wrap_omp_manager(mode: str) -> None:
         except Exception as exc:  # noqa: BLE001
             _note(f"vLLM's OpenMP plan left as it is: {exc}")
 
-    __init__._cpupin = True  # type: ignore[attr-defined]
+    __init__.cpupin_wrapper = True  # type: ignore[attr-defined]
     manager.__init__ = __init__
 
 

@@ -547,12 +547,10 @@ sys.stdin.read()
 """
 
 
-def test_threads_sees_a_process_every_thread_of_which_inherited_an_openmp_binding(two_cpus):
-    """A process whose threads all inherit libgomp's binding of its first
-    thread (vLLM-CPU's worker): its mask is the launcher's, not the widest
-    thread's, and ``threads`` says which threads crowd the bound CPU."""
+def _bound_child(cpu, omp_threads):
+    """A running process of :data:`BOUND`, libgomp bound to ``cpu``."""
     pytest.importorskip("torch", reason="needs torch's libgomp (pip install torch==2.13.0)")
-    env = {**os.environ, "GOMP_CPU_AFFINITY": str(two_cpus[0]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "GOMP_CPU_AFFINITY": str(cpu), "OMP_NUM_THREADS": str(omp_threads)}
     child = subprocess.Popen(
         [sys.executable, "-c", BOUND],
         env=env,
@@ -560,8 +558,16 @@ def test_threads_sees_a_process_every_thread_of_which_inherited_an_openmp_bindin
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def test_threads_sees_a_process_every_thread_of_which_inherited_an_openmp_binding(two_cpus):
+    """A process whose threads all inherit libgomp's binding of its first
+    thread (vLLM-CPU's worker): its mask is the launcher's, not the widest
+    thread's, and ``threads`` says which threads crowd the bound CPU."""
+    child = _bound_child(two_cpus[0], 1)
     try:
-        assert child.stdout.readline().strip() == "ready"
         assert os.sched_getaffinity(child.pid) == {two_cpus[0]}
         out = run([sys.executable, "-m", "cpupin", "threads", str(child.pid), "--json"])
         assert out.returncode == 0, out.stderr
@@ -640,17 +646,8 @@ def test_threads_tree_lists_a_process_and_its_descendants_with_their_parents():
 
 
 def test_doctor_judges_another_process_and_says_what_crowds_its_bound_cpu(two_cpus):
-    pytest.importorskip("torch", reason="needs torch's libgomp (pip install torch==2.13.0)")
-    env = {**os.environ, "GOMP_CPU_AFFINITY": str(two_cpus[0]), "OMP_NUM_THREADS": "4"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", BOUND],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    child = _bound_child(two_cpus[0], 4)
     try:
-        assert child.stdout.readline().strip() == "ready"
         out = run(
             [
                 sys.executable,
