@@ -70,6 +70,11 @@ class Pool:
     stray: int = 0
     """Threads of the pool on a narrower mask that is not a registered pin:
     one started from a pinned thread inherited its pin."""
+    idle: int = 0
+    """Threads of the pool that did not run while the census's sample was
+    taken (``cpupin ps``: over its interval); 0 without a sample. A pool
+    larger than the usable CPUs whose other threads sleep (a ZMQ context's
+    reaper, say) fits."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -80,14 +85,19 @@ class Pool:
             "kind": self.kind,
             "tids": list(self.tids),
             "stray": self.stray,
+            "idle": self.idle,
         }
 
 
-def verdict(threads: int, usable: int, host_sizes: Iterable[int]) -> str:
-    """A pool's verdict: see :attr:`Pool.verdict`."""
+def verdict(threads: int, usable: int, host_sizes: Iterable[int], idle: int = 0) -> str:
+    """A pool's verdict: see :attr:`Pool.verdict`. A size that betrays a
+    count of the host is a sizing fault even while the pool sleeps; beyond
+    that, only the threads that run (not ``idle``) can oversubscribe."""
     if threads <= usable:
         return FITS
-    return FROM_HOST if threads in set(host_sizes) else OVERSUBSCRIBED
+    if threads in set(host_sizes):
+        return FROM_HOST
+    return FITS if threads - idle <= usable else OVERSUBSCRIBED
 
 
 def host_sizes(host_cpus: int, node_cpus: Iterable[int] = ()) -> frozenset[int]:
@@ -142,6 +152,7 @@ def census(
     plan: CpuPlan | None = None,
     threads: list[tuple[ThreadStat, frozenset[int]]] | None = None,
     pins: Mapping[int, frozenset[int]] | None = None,
+    ran: Iterable[int] | None = None,
 ) -> Census:
     """Group a process's threads (``None``: this one) into pools by name and
     judge each against its usable CPUs.
@@ -153,6 +164,8 @@ def census(
     knows them and the main thread (tid = pid) stands alone. ``plan``,
     ``threads`` (as :func:`~cpupin.process.thread_masks` gives them) and
     ``pins`` (tid to its registered pin) replace what would be read.
+    ``ran``: the threads that ran during a sample (``cpupin ps`` gives its
+    own); the others count as idle in each pool's verdict.
     """
     own = pid is None or pid == os.getpid()
     target = os.getpid() if own else int(pid or 0)
@@ -184,18 +197,22 @@ def census(
             group = pool_name(st.name)
         stray = cpus != mask and pins.get(st.tid) != cpus
         groups.setdefault(group, []).append((st.tid, stray))
-    pools = [
-        Pool(
-            name,
-            len(members),
-            usable,
-            verdict(len(members), usable, sizes),
-            "threads",
-            tuple(t for t, _ in members),
-            sum(s for _, s in members),
+    active = None if ran is None else frozenset(ran)
+    pools = []
+    for name, members in groups.items():
+        idle = 0 if active is None else sum(t not in active for t, _ in members)
+        pools.append(
+            Pool(
+                name,
+                len(members),
+                usable,
+                verdict(len(members), usable, sizes, idle),
+                "threads",
+                tuple(t for t, _ in members),
+                sum(s for _, s in members),
+                idle,
+            )
         )
-        for name, members in groups.items()
-    ]
     if own:
         pools.extend(_configured(usable, sizes))
     pools.sort(key=lambda p: (p.kind != "threads", -p.threads, p.name))

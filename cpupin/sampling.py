@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from . import _native
@@ -327,7 +328,8 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
         if record.live and isinstance(result, Sampler):
             got, throttling = result.samples, result.throttling
             entry["throttling"] = throttling.as_dict() if throttling else None
-            entry.update(_pools_of(record, result.threads))
+            ran = [s.tid for s in got if s.cpu_ms_per_s > 0]
+            entry.update(_pools_of(record, result.threads, ran))
             by_tid = {s.tid: s for s in got}
             pinned = {p.tid: p for p in record.pins}
             threads = []
@@ -378,7 +380,9 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
 
 
 def _pools_of(
-    record: Record, threads: list[tuple[_native.ThreadStat, frozenset[int]]]
+    record: Record,
+    threads: list[tuple[_native.ThreadStat, frozenset[int]]],
+    ran: Iterable[int] | None = None,
 ) -> dict[str, object]:
     """A process's usable CPUs and its census of pools, seen from outside,
     from the threads its sample read and the pins its record lists; nothing
@@ -387,7 +391,7 @@ def _pools_of(
 
     try:
         pins = {p.tid: p.cpus for p in record.pins}
-        found = census(record.pid, threads=threads, pins=pins)
+        found = census(record.pid, threads=threads, pins=pins, ran=ran)
     except (OSError, ValueError):
         return {}
     return {"usable_cpus": found.usable_cpus, "pools": [p.as_dict() for p in found.pools]}

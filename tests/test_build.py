@@ -23,6 +23,18 @@ def test_a_missing_compiler_and_headers_are_named_in_one_sentence(tmp_path):
     assert f"no Python.h in {tmp_path}" in said and "apt install gcc python3-dev" in said
 
 
+def test_the_test_extra_carries_the_builds_setuptools_floor():
+    """setup.py runs here with this environment's setuptools, so the test
+    extra asks for the build's own floor (a venv's bundled 65 cannot read
+    pyproject.toml's license form)."""
+    import re
+
+    text = (ROOT / "pyproject.toml").read_text()
+    floor = re.search(r'requires = \[[^]]*"setuptools>=(\d+)"', text).group(1)
+    test = re.search(r"^test = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL).group(1)
+    assert f'"setuptools>={floor}"' in test
+
+
 def test_setup_py_build_ext_without_a_compiler_ends_with_that_sentence(tmp_path):
     for name in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in"):
         shutil.copy(ROOT / name, tmp_path / name)

@@ -688,3 +688,71 @@ def test_doctor_judges_another_process_and_says_what_crowds_its_bound_cpu(two_cp
     assert gone.returncode == 2 and "no such process" in gone.stderr
     both = run([sys.executable, "-m", "cpupin", "doctor", "--pid", "1", "--host", "dgx-h100"])
     assert both.returncode == 2 and "leave out --host" in both.stderr
+
+
+@given(st.integers(1, 300), st.integers(1, 300), st.integers(1, 300), st.integers(0, 300))
+def test_a_verdict_counts_the_threads_that_run(threads, usable, host, idle):
+    from cpupin.pool_census import FITS, FROM_HOST, verdict
+
+    idle = min(idle, threads)
+    got = verdict(threads, usable, {host}, idle)
+    if threads <= usable:
+        assert got == FITS
+    elif threads == host:
+        assert got == FROM_HOST  # a size from the host is a fault even asleep
+    else:
+        assert (got == FITS) == (threads - idle <= usable)
+
+
+IDLE_POOL = """
+import sys, threading, time
+stop = threading.Event()
+for i in range(5):
+    threading.Thread(target=stop.wait, name=f"reaper-{i}", daemon=True).start()
+import cpupin
+cpupin.registry.describe_process(role="test")
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_ps_counts_a_sleeping_pool_as_idle_not_oversubscribed(tmp_path):
+    """vLLM's engine core has a ZMQ reaper a context, asleep: more threads
+    than usable CPUs, none of them running."""
+    env = {**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", IDLE_POOL],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        out = run(
+            [
+                sys.executable,
+                "-m",
+                "cpupin",
+                "ps",
+                "--json",
+                "--interval",
+                "0.2",
+                "--lock-dir",
+                str(tmp_path),
+            ]
+        )
+        (proc,) = [p for p in json.loads(out.stdout)["processes"] if p["pid"] == child.pid]
+        pools = {p["name"]: p for p in proc["pools"]}
+        reaper = pools["python"]  # Python 3.11 gives its threads no kernel name
+        assert reaper["threads"] >= 5 and reaper["idle"] >= 5
+        if reaper["threads"] not in cpupin_host_sizes():
+            assert reaper["verdict"] == "fits", reaper
+    finally:
+        child.communicate("")
+
+
+def cpupin_host_sizes():
+    from cpupin.pool_census import _host_shape, host_sizes
+
+    return host_sizes(*_host_shape("/"))

@@ -39,6 +39,7 @@ def pool_lines(pools: Sequence[Mapping[str, object]], indent: str = "  ") -> lis
             single += 1
             continue
         stray = f", {p['stray']} inherited a pin" if p.get("stray") else ""
+        stray += f", {p['idle']} idle" if p.get("idle") else ""
         kind = " (configured)" if p["kind"] == "configured" else ""
         lines.append(
             f"{indent}{printable(str(p['name']), 40):40} {threads:>4} thread(s){kind}  "
