@@ -278,6 +278,11 @@ def _register() -> None:
         _export_metrics()
     if role in ("vllm-engine-core", "vllm-worker"):
         _wrap_execute_model()
+        if mode == "auto" and _on_gpus():
+            if role == "vllm-worker":
+                _wrap_init_device()
+            else:
+                _bind_to_gpu(0, "engine core")
     if role == "vllm-engine-core":
         _wrap_omp_manager(mode)
     if role == "vllm-worker":
@@ -511,6 +516,61 @@ def _sweep(
     elif moved:
         _state["moved_later"] = _state.get("moved_later", 0) + len(moved)
     return len(moved)
+
+
+# --- GPU hosts: each worker, and the engine core, on its GPU's node ------------
+
+
+def _on_gpus() -> bool:
+    """Whether vLLM runs on CUDA GPUs here (ROCm's devices are counted by
+    another variable than CUDA_VISIBLE_DEVICES: left alone)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    is_cuda = getattr(current_platform, "is_cuda", None)
+    return bool(is_cuda()) if callable(is_cuda) else False
+
+
+def _bind_to_gpu(local_rank: int, who: str, root: str = "/") -> None:
+    """Bind this process (every thread, and its memory policy) to the NUMA
+    node of the CUDA device ``local_rank``, within the launcher's mask
+    (:func:`cpupin.bind_process`), before the worker allocates; a note says
+    where, or why not. Never raises."""
+    from .binding import bind_process
+
+    try:
+        binding = bind_process(local_rank, root=root)
+    except (OSError, ValueError) as exc:
+        _note(f"{who} not bound to CUDA device {local_rank}'s node: {exc}")
+        return
+    if binding.reason:
+        _note(f"{who} not moved: {binding.reason}")
+        return
+    _note(
+        f"{who} bound to CUDA device {local_rank} ({binding.device}), node {binding.node}: "
+        f"CPUs {format_cpulist(binding.cpus)}, memory {binding.memory_policy}"
+    )
+
+
+def _wrap_init_device() -> None:
+    """Bind the worker to its GPU's node just before vLLM initialises the
+    device (its local rank is known then; nothing is allocated yet)."""
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    original = WorkerWrapperBase.init_device
+    if getattr(original, "cpupin_wrapper", False):
+        return
+
+    def init_device(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rank = getattr(getattr(self, "worker", None), "local_rank", None)
+        if isinstance(rank, int):
+            _bind_to_gpu(rank, "worker")
+            _publish()
+        return original(self, *args, **kwargs)
+
+    init_device.cpupin_wrapper = True  # type: ignore[attr-defined]
+    WorkerWrapperBase.init_device = init_device
 
 
 # --- the engine core: vLLM-CPU's OpenMP plan ---------------------------------

@@ -756,3 +756,113 @@ def cpupin_host_sizes():
     from cpupin.pool_census import _host_shape, host_sizes
 
     return host_sizes(*_host_shape("/"))
+
+
+# --- the plugin's wiring, against a stand-in for vLLM ------------------------
+
+FAKE_VLLM = {
+    "vllm/__init__.py": "",
+    "vllm/platforms.py": """
+class _Platform:
+    def is_cuda(self):
+        return True
+    def is_cpu(self):
+        return False
+current_platform = _Platform()
+""",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/worker/__init__.py": "",
+    "vllm/v1/worker/worker_base.py": """
+calls = []
+class WorkerWrapperBase:
+    def init_device(self):
+        calls.append("init_device")
+    def execute_model(self, scheduler_output):
+        calls.append("execute_model")
+        return scheduler_output
+""",
+}
+
+FAKE_WORKER = """
+import json, multiprocessing, sys, time, types
+multiprocessing.current_process().name = "VllmWorker-0"
+from cpupin import registry, vllm_plugin
+from vllm.v1.worker import worker_base
+vllm_plugin.register()
+wrapper = worker_base.WorkerWrapperBase()
+wrapper.worker = types.SimpleNamespace(local_rank=0)
+wrapper.init_device()
+for i in range(5):
+    assert wrapper.execute_model(i) == i
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    found = [r for r in registry.read_registry().records if r.pid == registry.os.getpid()]
+    if found and found[0].steps:
+        break
+    time.sleep(0.1)
+print(json.dumps({"calls": worker_base.calls, "role": found[0].role,
+                  "notes": found[0].notes, "steps": found[0].steps[0]["steps"]}))
+"""
+
+
+def test_the_plugin_in_a_gpu_worker_binds_before_init_device_and_times_each_step(tmp_path):
+    """The wiring, with a stand-in for vLLM whose platform is CUDA: in auto
+    the worker is bound (here, on a host without GPUs, it says why not)
+    before vLLM's own init_device runs, and every execute_model is a step
+    of the clock, published in the record."""
+    for rel, text in FAKE_VLLM.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "CPUPIN_VLLM": "auto",
+        "CPUPIN_LOCK_DIR": str(tmp_path),
+    }
+    out = run([sys.executable, "-c", FAKE_WORKER], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["calls"] == ["init_device"] + ["execute_model"] * 5
+    assert got["role"] == "vllm-worker" and got["steps"] == 5
+    notes = " | ".join(got["notes"])
+    host = cpupin_read_host()
+    if not host.gpus:
+        assert "worker not bound to CUDA device 0's node" in notes and "name the node" in notes
+    else:
+        assert "worker bound to CUDA device 0" in notes or "worker not moved" in notes
+    assert "times execute_model on tid" in notes
+
+
+def cpupin_read_host():
+    from cpupin.topology import read_host
+
+    return read_host("/")
+
+
+BIND_ON_TREE = """
+import json, sys
+from cpupin import vllm_plugin
+vllm_plugin._state["role"] = "vllm-worker"
+vllm_plugin._bind_to_gpu(int(sys.argv[2]), "worker", root=sys.argv[1])
+print(json.dumps(vllm_plugin._notes))
+"""
+
+
+@pytest.mark.parametrize("device", [0, 4])
+def test_a_gpu_worker_is_bound_to_its_gpus_node_within_the_launchers_mask(device, tmp_path):
+    """On a DGX H100's tree: device 0 is on node 0, whose CPUs (0-55,
+    112-167) hold this machine's; device 4 is on node 1, which holds none of
+    them: the mask is kept, with what to ask the launcher for."""
+    from cpupin.hosts import HOSTS, build_tree
+
+    root = build_tree(HOSTS["dgx-h100"], tmp_path / "dgx")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "CPUPIN_REGISTRY": "0"}
+    out = run([sys.executable, "-c", BIND_ON_TREE, str(root), str(device)], env=env)
+    assert out.returncode == 0, out.stderr
+    (note,) = json.loads(out.stdout)
+    mask = sorted(os.sched_getaffinity(0))
+    if device == 0 and max(mask) < 56:
+        assert note.startswith("worker bound to CUDA device 0 (0000:") and ", node 0: CPUs" in note
+        assert "memory preferred" in note
+    elif device == 4 and max(mask) < 56:
+        assert note.startswith("worker not moved: ") and "node 1" in note, note
