@@ -21,7 +21,10 @@ runs the API server), never from timing, and does nothing in a helper.
   where vLLM sizes those pools itself (its worker's OpenMP team follows the
   CPUs it binds; torch takes ``MKL_NUM_THREADS`` over that), since vLLM
   takes any value it finds for the user's.
-- ``auto``: observe, and apply what cpupin knows. On vLLM-CPU, the worker's
+- ``auto``: observe, and apply what cpupin knows. On CUDA hosts each
+  worker is bound to its GPU's NUMA node (CPUs within the launcher's mask,
+  memory preferred there) just before vLLM initialises the device, and the
+  engine core to local rank 0's. On vLLM-CPU, the worker's
   OpenMP team is capped to the CPUs the process can use (a quota: its CPU
   lists are cut to the usable CPUs before the worker starts, since vLLM
   makes ``torch.set_num_threads`` a no-op once it has bound the team); the
