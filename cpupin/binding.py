@@ -111,6 +111,16 @@ class Binding:
         }
 
 
+
+def _brief(cpus: Iterable[int], size: int = 32) -> str:
+    """A CPU list for a reason: whole up to ``size`` characters, else cut
+    after a whole item, with ``,...`` (a reason stays a line, whatever the
+    mask)."""
+    text = format_cpulist(cpus)
+    if len(text) <= size:
+        return text
+    return text[: text.rfind(",", 0, size) if "," in text[:size] else size] + ",..."
+
 def gpu_node(host: Host, address: str) -> tuple[int | None, str]:
     """The CPU node of a GPU, and a note on how it was found (empty when its
     ``numa_node`` said so). :class:`PlanError` for a GPU the host lacks."""
@@ -232,11 +242,10 @@ def decide_binding(
         homes = {n for n in map(host.node_of, new) if n is not None}
         if not homes & nodes:
             reasons.append(
-                f"the process's CPUs (node {format_cpulist(homes) or '?'}) and its memory (node "
-                f"{format_cpulist(nodes)}) are on different nodes, and every access to memory "
-                "crosses between them: give "
-                f"the process CPUs of node {format_cpulist(nodes)} (the launcher's CPU set), or "
-                "pass memory='none' (--memory none) to keep memory with the CPUs"
+                f"its CPUs (node {_brief(homes, 24) or '?'}) and its memory (node "
+                f"{_brief(nodes, 24)}) are on different nodes, so every memory access crosses "
+                f"between them: give it CPUs of node {_brief(nodes, 24)}, or pass memory='none' "
+                "(--memory none) to keep memory with the CPUs"
             )
     return Binding(device, target, new, policy, nodes, "; ".join(reasons), mode)
 
@@ -289,8 +298,8 @@ def _mode_cpus(
     local = mask & node_cpus
     if not local:
         reasons.append(
-            f"node {target}'s CPUs {format_cpulist(node_cpus)} are all outside the "
-            f"process mask {format_cpulist(mask)}: the mask is kept"
+            f"node {target}'s CPUs {_brief(node_cpus)} are all outside the "
+            f"process mask {_brief(mask)}: the mask is kept"
             + (f" ({ASK_LAUNCHER})" if device is not None else "")
         )
         return frozenset()
