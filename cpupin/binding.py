@@ -111,7 +111,6 @@ class Binding:
         }
 
 
-
 def _brief(cpus: Iterable[int], size: int = 32) -> str:
     """A CPU list for a reason: whole up to ``size`` characters, else cut
     after a whole item, with ``,...`` (a reason stays a line, whatever the
@@ -120,6 +119,7 @@ def _brief(cpus: Iterable[int], size: int = 32) -> str:
     if len(text) <= size:
         return text
     return text[: text.rfind(",", 0, size) if "," in text[:size] else size] + ",..."
+
 
 def gpu_node(host: Host, address: str) -> tuple[int | None, str]:
     """The CPU node of a GPU, and a note on how it was found (empty when its

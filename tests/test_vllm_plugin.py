@@ -648,19 +648,8 @@ def test_threads_tree_lists_a_process_and_its_descendants_with_their_parents():
 def test_doctor_judges_another_process_and_says_what_crowds_its_bound_cpu(two_cpus):
     child = _bound_child(two_cpus[0], 4)
     try:
-        out = run(
-            [
-                sys.executable,
-                "-m",
-                "cpupin",
-                "doctor",
-                "--pid",
-                str(child.pid),
-                "--irq-interval",
-                "0",
-                "--json",
-            ]
-        )
+        doctor = [sys.executable, "-m", "cpupin", "doctor", "--pid", str(child.pid)]
+        out = run([*doctor, "--irq-interval", "0", "--json"])
         assert out.returncode == 0, out.stderr
         got = json.loads(out.stdout)
         assert got["host"] == f"pid {child.pid} on this machine"
@@ -669,18 +658,7 @@ def test_doctor_judges_another_process_and_says_what_crowds_its_bound_cpu(two_cp
         assert process["shared_narrow"]["not_openmp"] == {"gloo_tcp_loop": 3}
         # its OMP_NUM_THREADS=4, read from its environment, not this command's
         assert any(p.startswith("OMP_NUM_THREADS=4") for p in got["pools"]["problems"])
-        text = run(
-            [
-                sys.executable,
-                "-m",
-                "cpupin",
-                "doctor",
-                "--pid",
-                str(child.pid),
-                "--irq-interval",
-                "0",
-            ]
-        ).stdout
+        text = run([*doctor, "--irq-interval", "0"]).stdout
         assert "process  " in text and "advice   " in text
     finally:
         child.communicate("")
