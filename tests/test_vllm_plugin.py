@@ -33,6 +33,8 @@ from .helpers import run
 # --- roles --------------------------------------------------------------------
 
 API = "vllm.entrypoints.openai.api_server"
+#: The command line, run as a user runs it.
+CPUPIN = [sys.executable, "-m", "cpupin"]
 
 
 @pytest.mark.parametrize(
@@ -275,9 +277,7 @@ def test_a_role_record_reads_back_with_its_notes_steps_and_server(tmp_path):
         assert as_json["role"] == "vllm-worker" and as_json["server_pid"] == 4242
         out = run(
             [
-                sys.executable,
-                "-m",
-                "cpupin",
+                *CPUPIN,
                 "ps",
                 "--interval",
                 "0.05",
@@ -291,9 +291,7 @@ def test_a_role_record_reads_back_with_its_notes_steps_and_server(tmp_path):
         listed = json.loads(
             run(
                 [
-                    sys.executable,
-                    "-m",
-                    "cpupin",
+                    *CPUPIN,
                     "ps",
                     "--json",
                     "--interval",
@@ -433,9 +431,7 @@ def test_server_steps_collector_exports_its_descendants_records(tmp_path):
         )
         assert f'cpupin_process_role{{pid="{grandchild}",role="vllm-worker"}} 1.0' in text
         # the same record's figures through cpupin ps --prometheus
-        out = run(
-            [sys.executable, "-m", "cpupin", "ps", "--prometheus", "--lock-dir", str(tmp_path)]
-        )
+        out = run([*CPUPIN, "ps", "--prometheus", "--lock-dir", str(tmp_path)])
         assert (
             f'cpupin_step_seconds_total{{clock="execute_model",pid="{grandchild}"}}' in out.stdout
         )
@@ -485,7 +481,7 @@ def test_exec_leaves_an_engine_bound_openmp_team_as_the_engine_sized_it():
     clean = {k: v for k, v in os.environ.items() if k not in cpupin.pools.POOL_VARS}
     clean.pop(ENV_POOL_VARS, None)
     alone = run(engine, env=clean)
-    through = run([sys.executable, "-m", "cpupin", "exec", "--node", "0", "--", *engine], env=clean)
+    through = run([*CPUPIN, "exec", "--node", "0", "--", *engine], env=clean)
     assert alone.returncode == 0 and through.returncode == 0, alone.stderr + through.stderr
     assert alone.stdout.strip() == "1"
     if cpupin.usable_cpus() == len(cpupin.process_cpus()):
@@ -569,7 +565,7 @@ def test_threads_sees_a_process_every_thread_of_which_inherited_an_openmp_bindin
     child = _bound_child(two_cpus[0], 1)
     try:
         assert os.sched_getaffinity(child.pid) == {two_cpus[0]}
-        out = run([sys.executable, "-m", "cpupin", "threads", str(child.pid), "--json"])
+        out = run([*CPUPIN, "threads", str(child.pid), "--json"])
         assert out.returncode == 0, out.stderr
         got = json.loads(out.stdout)
         assert got["process_mask"] == sorted(os.sched_getaffinity(0))
@@ -579,10 +575,10 @@ def test_threads_sees_a_process_every_thread_of_which_inherited_an_openmp_bindin
         assert shared["cpus"] == [two_cpus[0]] and shared["threads"] == len(got["threads"])
         assert shared["not_openmp"] == {"gloo_tcp_loop": 3}
         assert "OMP_PLACES" in shared["advice"]
-        text = run([sys.executable, "-m", "cpupin", "threads", str(child.pid)]).stdout
+        text = run([*CPUPIN, "threads", str(child.pid)]).stdout
         assert f"share CPU {two_cpus[0]}, 3 of them not OpenMP's: gloo_tcp_loop (3)" in text
         # audit counts them as the strays they are
-        audit = run([sys.executable, "-m", "cpupin", "audit", str(child.pid), "--fail-on-narrow"])
+        audit = run([*CPUPIN, "audit", str(child.pid), "--fail-on-narrow"])
         assert audit.returncode == 3, audit.stdout + audit.stderr
     finally:
         child.communicate("")
@@ -607,9 +603,7 @@ def test_a_process_taskset_narrowed_keeps_its_own_mask(two_cpus):
     )
     try:
         assert child.stdout.readline().strip() == "ready"
-        got = json.loads(
-            run([sys.executable, "-m", "cpupin", "threads", str(child.pid), "--json"]).stdout
-        )
+        got = json.loads(run([*CPUPIN, "threads", str(child.pid), "--json"]).stdout)
         assert got["process_mask"] == [two_cpus[0]] and got["shared_narrow"] is None
         assert got["process_mask_from"] == "the widest mask among its threads"
     finally:
@@ -629,17 +623,13 @@ def test_threads_tree_lists_a_process_and_its_descendants_with_their_parents():
     )
     try:
         assert shell.stdout.readline().strip() == "1"
-        got = json.loads(
-            run(
-                [sys.executable, "-m", "cpupin", "threads", str(shell.pid), "--tree", "--json"]
-            ).stdout
-        )
+        got = json.loads(run([*CPUPIN, "threads", str(shell.pid), "--tree", "--json"]).stdout)
         rows = got["tree"]
         assert rows[0]["pid"] == shell.pid and rows[0]["parent"] is None
         (child,) = rows[1:]
         assert child["parent"] == shell.pid and child["command"].startswith(sys.executable)
         assert child["threads"] == 1 and child["process_mask_list"]
-        text = run([sys.executable, "-m", "cpupin", "threads", str(shell.pid), "--tree"]).stdout
+        text = run([*CPUPIN, "threads", str(shell.pid), "--tree"]).stdout
         assert text.splitlines()[1].startswith(f"  {child['pid']} ")
     finally:
         shell.communicate("")
@@ -648,7 +638,7 @@ def test_threads_tree_lists_a_process_and_its_descendants_with_their_parents():
 def test_doctor_judges_another_process_and_says_what_crowds_its_bound_cpu(two_cpus):
     child = _bound_child(two_cpus[0], 4)
     try:
-        doctor = [sys.executable, "-m", "cpupin", "doctor", "--pid", str(child.pid)]
+        doctor = [*CPUPIN, "doctor", "--pid", str(child.pid)]
         out = run([*doctor, "--irq-interval", "0", "--json"])
         assert out.returncode == 0, out.stderr
         got = json.loads(out.stdout)
@@ -662,9 +652,9 @@ def test_doctor_judges_another_process_and_says_what_crowds_its_bound_cpu(two_cp
         assert "process  " in text and "advice   " in text
     finally:
         child.communicate("")
-    gone = run([sys.executable, "-m", "cpupin", "doctor", "--pid", str(child.pid)])
+    gone = run([*CPUPIN, "doctor", "--pid", str(child.pid)])
     assert gone.returncode == 2 and "no such process" in gone.stderr
-    both = run([sys.executable, "-m", "cpupin", "doctor", "--pid", "1", "--host", "dgx-h100"])
+    both = run([*CPUPIN, "doctor", "--pid", "1", "--host", "dgx-h100"])
     assert both.returncode == 2 and "leave out --host" in both.stderr
 
 
@@ -709,9 +699,7 @@ def test_ps_counts_a_sleeping_pool_as_idle_not_oversubscribed(tmp_path):
         assert child.stdout.readline().strip() == "ready"
         out = run(
             [
-                sys.executable,
-                "-m",
-                "cpupin",
+                *CPUPIN,
                 "ps",
                 "--json",
                 "--interval",
