@@ -79,7 +79,9 @@ ENV_SERVER = "CPUPIN_VLLM_SERVER"
 #: The library pool variables whose pools vLLM sizes itself.
 VLLM_SIZED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS")
 
-log = logging.getLogger("cpupin.vllm")
+#: Under vLLM's own logger, so that each decision is a line of vLLM's log
+#: (in its format, with the process's name), which it shows at INFO.
+log = logging.getLogger("vllm.cpupin")
 
 # --- pure decisions ---------------------------------------------------------
 
@@ -458,14 +460,12 @@ def _publisher(mode: str, wake: threading.Event) -> None:
     except (OSError, ValueError):
         pass
     seen = -1
-    first = True
     while True:
         wake.wait(1.0)
         wake.clear()
         try:
             if mode == "auto" and where:
-                _sweep(where[0], where[1], keep_team=True, first=first)
-                first = False
+                _sweep(where[0], where[1], keep_team=True)
             clock = _state.get("clock")
             if clock is not None and clock.steps != seen:
                 seen = clock.steps
@@ -489,12 +489,12 @@ def _sweep(
     reserved: frozenset[int],
     *,
     keep_team: bool,
-    first: bool = False,
     pid: int | None = None,
 ) -> int:
     """Move the threads of a process (``None``: this one) that
     :func:`threads_to_move` names; returns how many moved."""
     from . import _native
+    from .pool_census import pool_name
     from .process import thread_masks
 
     target = os.getpid() if pid is None else pid
@@ -508,16 +508,22 @@ def _sweep(
             moved.append(name)
         except (OSError, ValueError):
             continue  # exited meanwhile
-    if moved and (first or pid is not None):
-        names = sorted(set(moved))
-        _note(
-            f"moved {len(moved)} thread(s) of pid {target} ({', '.join(names[:6])}"
-            f"{', ...' if len(names) > 6 else ''}) off the OpenMP CPUs "
-            f"{format_cpulist(omp)} to {format_cpulist(reserved)}"
+    if moved:
+        # One note a process, brought up to date at each sweep that moves
+        # threads (the worker's start new ones while vLLM sets up).
+        tally: dict[str, int] = _state.setdefault(f"moved {target}", {})
+        for name in moved:
+            tally[pool_name(name)] = tally.get(pool_name(name), 0) + 1
+        head = f"moved {sum(tally.values())} thread(s) of pid {target} ("
+        names = ", ".join(f"{k} {v}" for k, v in sorted(tally.items(), key=lambda kv: -kv[1]))
+        line = (
+            f"{head}{names[:160]}) off the OpenMP CPUs {format_cpulist(omp)} to "
+            f"{format_cpulist(reserved)}"
         )
+        mine = f" thread(s) of pid {target} ("
+        _notes[:] = [n for n in _notes if not (n.startswith("moved ") and mine in n)]
+        _note(line)
         _publish()
-    elif moved:
-        _state["moved_later"] = _state.get("moved_later", 0) + len(moved)
     return len(moved)
 
 
@@ -631,7 +637,7 @@ def _after_omp_plan(manager: Any, mode: str) -> None:
     if not reserved:
         _note("nothing moved: vLLM reserves no CPU beside OpenMP's")
         return
-    _sweep(omp, reserved, keep_team=False, first=True)
+    _sweep(omp, reserved, keep_team=False)
     parent = os.getppid()
     if _parent_is_api_server(parent):
         _sweep(omp, reserved, keep_team=False, pid=parent)
