@@ -732,6 +732,13 @@ def test_step_clock_measures_the_thread_that_made_it():
     made.start()
     made.join()
     (clock,) = box
+    # join() returns when Python is done with the thread, a moment before the
+    # kernel's thread is gone: wait for the kernel (CI saw the tid still
+    # listed under load), at most 10 s.
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/self/task/{clock.tid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not os.path.exists(f"/proc/self/task/{clock.tid}")
     with pytest.raises(ProcessLookupError, match=f"tid {clock.tid}"):
         clock.begin()
     clock.close()
