@@ -273,7 +273,8 @@ def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[in
             main = _native.get_affinity(pid)
         except (OSError, ValueError):
             main = widest
-        launcher = _launcher_view(pid, union)
+        # Read the cgroup only for a main thread narrower than the host.
+        launcher = _launcher_view(pid, union) if main < _native.online_cpus() else None
         if launcher is not None and main < launcher and union <= launcher:
             env, note = read_environ(pid)
             binding = binding_in(env)

@@ -264,6 +264,8 @@ def _title(pid: int) -> str:
 def _run_tree(root: int, as_json: bool) -> int:
     from cpupin.registry import read_registry
 
+    if not os.path.exists(f"/proc/{root}"):
+        raise ValueError(f"threads --tree {root}: no such process")
     roles = {r.pid: r.role for r in read_registry().records if r.kind == "process" and r.live}
     rows: list[dict[str, object]] = []
     for pid, parent in [(root, 0), *descendants(root)]:
