@@ -17,6 +17,7 @@ from typing import Any
 
 from ._native import ThreadStat
 from ._sysfs import Reader
+from ._torch_thread import note_pool_thread, torch_reading
 from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
 from .pools import cpu_plan
@@ -30,6 +31,7 @@ __all__ = [
     "Pool",
     "census",
     "host_sizes",
+    "note_pool_thread",
     "pool_name",
     "verdict",
 ]
@@ -67,6 +69,8 @@ class Pool:
     """``threads``: counted from the threads running; ``configured``: a
     library's setting (threadpoolctl, torch), whose threads start on use."""
     tids: tuple[int, ...] = ()
+    """The pool's threads; for a configured pool, the thread its size was
+    read on where that is not the caller (:func:`note_pool_thread`)."""
     stray: int = 0
     """Threads of the pool on a narrower mask that is not a registered pin:
     one started from a pinned thread inherited its pin."""
@@ -221,10 +225,10 @@ def census(
 
 def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:
     out = []
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "get_num_threads"):
-        n = torch.get_num_threads()
-        out.append(Pool("torch intra-op", n, usable, verdict(n, usable, sizes), "configured"))
+    found = torch_reading()
+    if found is not None:
+        n, tids = found
+        out.append(Pool("torch intra-op", n, usable, verdict(n, usable, sizes), "configured", tids))
     if "threadpoolctl" in sys.modules or _any_pool_library():
         for lib in _controllers():
             n = lib.num_threads
