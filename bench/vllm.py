@@ -295,6 +295,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated")
     parser.add_argument("--quota", type=float, default=None, help="also in a quota of N CPUs")
+    parser.add_argument("--quota-only", action="store_true", help="skip the unconstrained run")
     parser.add_argument("--port", type=int, default=8031)
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
@@ -314,7 +315,10 @@ def main() -> int:
             stderr=subprocess.DEVNULL,
         )
         args.model = made
-    settings: list[float | None] = [None] + ([args.quota] if args.quota else [])
+    if args.quota_only and not args.quota:
+        parser.error("--quota-only needs --quota N")
+    settings: list[float | None] = [] if args.quota_only else [None]
+    settings += [args.quota] if args.quota else []
     try:
         for quota in settings:
             name = "unconstrained" if quota is None else f"quota of {quota:g} CPU(s)"

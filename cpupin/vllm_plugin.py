@@ -58,6 +58,7 @@ __all__ = [
     "ROLES",
     "mode_from_env",
     "omp_cpus",
+    "quota_cpus",
     "register",
     "role_of",
     "threads_to_move",
@@ -231,6 +232,18 @@ def cap_lists(lists: list[list[int]], reserved: int, usable: int) -> list[list[i
     return [cpus[:share] for cpus in lists]
 
 
+def quota_cpus(mask: frozenset[int], capacity: int) -> frozenset[int]:
+    """The CPUs a server confined to its quota keeps: the ``capacity``
+    lowest of ``mask`` (the quota's CPUs, rounded up), or the whole mask
+    where the quota allows it all. A server spread over more CPUs than its
+    quota runs its processes side by side until the quota is spent, then
+    stands still for the rest of the period: every step that meets the stall
+    waits for it. Confined, they take turns instead."""
+    if capacity < 1 or capacity >= len(mask):
+        return mask
+    return frozenset(sorted(mask)[:capacity])
+
+
 # --- the plugin -------------------------------------------------------------
 
 _started = False
@@ -278,6 +291,7 @@ def _register() -> None:
     _note(f"cpupin {mode} in the {role[5:].replace('-', ' ')} (pid {os.getpid()})")
     if role == "vllm-api-server":
         _own_members()
+        _fit_quota(act=mode == "auto")
         os.environ.setdefault(ENV_MASK, format_cpulist(_launcher_mask()))
         _drop_our_pool_vars()
         _export_metrics()
@@ -355,6 +369,48 @@ def _launcher_mask() -> frozenset[int]:
     return (read_cgroup_cpuset("/") or online) & online
 
 
+def _fit_quota(root: str = "/", *, act: bool = True) -> None:
+    """In the API server, before any child starts: where the cgroup's quota
+    allows fewer CPUs than the mask holds, confine the server (every thread
+    of this process, and so every process it starts) to
+    :func:`quota_cpus`, so that vLLM plans its OpenMP CPUs and reserves
+    within them; ``act=False`` (observe) only says so. Never raises."""
+    from . import _native
+    from .pools import cpu_plan
+    from .process import set_process_cpus, thread_masks
+
+    try:
+        launcher = _launcher_mask()
+        plan = cpu_plan(root=root, mask=launcher)
+        keep = quota_cpus(plan.mask, plan.capacity)
+        quota = plan.quota
+        if keep == plan.mask or quota is None:
+            return
+        if not act:
+            _note(
+                f"a quota of {quota.quota_us / quota.period_us:g} CPU over CPUs "
+                f"{format_cpulist(plan.mask)}: the server's processes run side by side until "
+                f"it is spent, then every step stalls; CPUPIN_VLLM=auto confines the server to "
+                f"CPU {format_cpulist(keep)}"
+            )
+            return
+        for st, _ in thread_masks(None):
+            try:
+                _native.set_affinity(keep, st.tid)
+            except ProcessLookupError:
+                continue
+        set_process_cpus(keep)
+    except (OSError, ValueError) as exc:
+        _note(f"server not confined to its quota: {exc}")
+        return
+    os.environ[ENV_MASK] = format_cpulist(keep)
+    _note(
+        f"server confined to CPU {format_cpulist(keep)} of {format_cpulist(plan.mask)}: its "
+        f"quota ({quota.quota_us / quota.period_us:g} CPU) would throttle processes that "
+        "run side by side; confined, they take turns"
+    )
+
+
 def _drop_our_pool_vars() -> None:
     """Remove the library pool variables cpupin set (``CPUPIN_POOL_VARS``),
     which vLLM would take for the user's: its children size those pools
@@ -417,7 +473,11 @@ def _first_step() -> tuple[Callable[[], int], Callable[[], int]] | tuple[()]:
     _state["clock"] = clock
     _note(f"times execute_model on tid {clock.tid} (StepClock 'execute_model')")
     if _state.get("mode") == "auto" and _state.get("role") == "vllm-worker":
-        _register_step_pin()
+        rank = _state.get("gpu_rank")
+        if isinstance(rank, int):
+            _pin_step_on_gpu(rank)
+        else:
+            _register_step_pin()
     event = _state.get("wake")
     if isinstance(event, threading.Event):
         event.set()
@@ -435,6 +495,42 @@ def _register_step_pin() -> None:
         pin_current_thread(_native.get_affinity(), role="step")
     except (OSError, ValueError) as exc:
         _note(f"step thread not registered: {exc}")
+
+
+def _pin_step_on_gpu(local_rank: int, root: str = "/") -> None:
+    """On a GPU worker, pin the step thread (this one) as
+    ``CPUPIN_STEP_THREAD_CORE`` says, within the node the worker is bound
+    to: ``auto`` places it by cpupin's rules and takes the GPU's lock, a CPU
+    number puts it there, ``off`` (the default: pinning costs throughput on
+    hosts without deep idle states) leaves it, with a note that
+    ``cpupin doctor`` says whether it pays. Never raises."""
+    from .errors import PlanError
+    from .placement import ENV_SETTING, setting_from_env
+    from .server import plan_server
+    from .threads import pin_current_thread
+
+    try:
+        setting = setting_from_env(os.environ)
+        if setting == "off":
+            _note(
+                f"step thread not pinned: {ENV_SETTING} is off (the default); "
+                "`cpupin doctor` says whether pinning pays on this host, and what to set"
+            )
+            return
+        plan = plan_server(setting, [local_rank], root=root)
+        if not plan.pinned:
+            _note(f"step thread not pinned: {plan.placement.reason}")
+            return
+        cpus = plan.placement.workers[0].cpus
+        pin_current_thread(cpus, role="step")
+    except (PlanError, OSError, ValueError) as exc:
+        _note(f"step thread not pinned: {exc}")
+        return
+    _state["server_plan"] = plan  # holds the GPU's lock while the worker lives
+    _note(
+        f"step thread pinned to CPU {format_cpulist(cpus)} for CUDA device {local_rank} "
+        f"({ENV_SETTING}={setting}): {plan.placement.reason}"
+    )
 
 
 def _start_publisher(mode: str) -> None:
@@ -574,6 +670,7 @@ def _wrap_init_device() -> None:
     def init_device(self: Any, *args: Any, **kwargs: Any) -> Any:
         rank = getattr(getattr(self, "worker", None), "local_rank", None)
         if isinstance(rank, int):
+            _state["gpu_rank"] = rank
             _bind_to_gpu(rank, "worker")
             _publish()
         return original(self, *args, **kwargs)

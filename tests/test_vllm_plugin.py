@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpupin import _native, registry
+from cpupin import _native, registry, vllm_plugin
 from cpupin.pools import ENV_POOL_VARS
 from cpupin.stepclock import BUCKETS_S
 from cpupin.vllm_plugin import (
@@ -832,3 +832,131 @@ def test_a_gpu_worker_is_bound_to_its_gpus_node_within_the_launchers_mask(device
         assert "memory preferred" in note
     elif device == 4 and max(mask) < 56:
         assert note.startswith("worker not moved: ") and "node 1" in note, note
+
+
+PIN_ON_TREE = """
+import json, os, sys
+from cpupin import registry, vllm_plugin
+from cpupin.threads import pinned_threads
+vllm_plugin._state.update(role="vllm-worker", mode="auto")
+vllm_plugin._bind_to_gpu(0, "worker", root=sys.argv[1])
+vllm_plugin._pin_step_on_gpu(0, root=sys.argv[1])
+me = registry.os.getpid()
+print(json.dumps({
+    "notes": vllm_plugin._notes,
+    "mask": sorted(os.sched_getaffinity(0)),
+    "pins": {str(t): sorted(c) for t, c in pinned_threads().items()},
+    "tid": __import__("threading").get_native_id(),
+}))
+"""
+
+
+@pytest.mark.parametrize(
+    "host, setting",
+    [
+        ("gh200", "auto"),
+        ("gh200", "off"),
+        ("gh200", "0"),
+        ("gh200", "1"),  # the result thread needs a CPU above it
+        ("gh200", "9999"),
+        ("gh200", "soon"),
+        ("dgx-h100", "auto"),
+        ("dgx-h100", "1"),
+    ],
+)
+def test_a_gpu_workers_step_thread_is_pinned_as_the_setting_says(host, setting, two_cpus, tmp_path):
+    """On a host's tree with this machine's two CPUs (both on device 0's
+    node): ``auto`` and a CPU number pin the step thread within the node,
+    as cpupin's placement does, registered as a step pin; ``off`` (the
+    default) leaves it and points at the doctor; a bad setting, a CPU
+    outside the mask or with no CPU above it for the result thread, or a
+    rule ``auto`` cannot meet (a DGX H100's node 0
+    has four GPUs, and two CPUs cannot give each a core) leave it, with the
+    reason. Never raises."""
+    from cpupin.hosts import HOSTS, build_tree
+
+    root = build_tree(HOSTS[host], tmp_path / "tree")
+    (tmp_path / "locks").mkdir()
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(HOSTS[host].gpus))),
+        "CPUPIN_LOCK_DIR": str(tmp_path / "locks"),
+        "CPUPIN_STEP_THREAD_CORE": setting,
+    }
+    out = run([sys.executable, "-c", PIN_ON_TREE, str(root)], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    notes = " | ".join(got["notes"])
+    assert "worker bound to CUDA device 0" in notes, notes
+    if setting == "0" or (setting, host) == ("auto", "gh200"):
+        assert "step thread pinned to CPU" in notes, notes
+        pin = got["pins"][str(got["tid"])]
+        assert got["mask"] == pin and len(pin) == 1  # the oracle: the kernel's mask
+        if setting == "0":
+            assert pin == [0]
+        assert f"CPU {pin[0]} for CUDA device 0" in notes
+    else:
+        assert "step thread not pinned: " in notes and got["pins"] == {}, notes
+        assert got["mask"] == [0, 1]
+        if setting == "off":
+            assert "cpupin doctor" in notes
+        elif setting == "auto":
+            assert "4 GPU(s)" in notes
+        else:
+            assert setting in notes  # the reason names the value
+
+
+@given(st.frozensets(st.integers(0, 300), min_size=1, max_size=64), st.integers(-2, 70))
+def test_quota_cpus_keeps_the_quotas_cpus_of_the_mask(mask, capacity):
+    got = vllm_plugin.quota_cpus(mask, capacity)
+    assert got <= mask and got
+    if 1 <= capacity < len(mask):
+        assert len(got) == capacity and max(got) < min(mask - got)  # the lowest
+    else:
+        assert got == mask
+
+
+FIT_QUOTA = """
+import json, os, subprocess, sys, threading
+from cpupin import vllm_plugin
+from cpupin.threads import Thread
+started = threading.Event()
+Thread(target=started.wait, daemon=True).start()  # a thread that exists already
+vllm_plugin._state.update(role="vllm-api-server")
+vllm_plugin._fit_quota(act=sys.argv[1] == "auto")
+masks = {t: sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                       capture_output=True, text=True)
+print(json.dumps({"notes": vllm_plugin._notes, "masks": masks, "child": child.stdout.strip(),
+                  "env": os.environ.get(vllm_plugin.ENV_MASK)}))
+started.set()
+"""
+
+
+@pytest.mark.parametrize("mode", ["auto", "observe"])
+def test_a_server_is_confined_to_its_quotas_cpus_before_its_children_start(mode, two_cpus):
+    """In a real cgroup with a quota of one CPU and a mask of two: ``auto``
+    moves every thread of the API server, and so every child it starts, to
+    one CPU (the oracles: the kernel's masks of each thread and of a child);
+    ``observe`` moves nothing and says what ``auto`` would do."""
+    from .test_pools import in_cgroup, quota_cgroup
+
+    env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV_MASK}
+    env["CPUPIN_REGISTRY"] = "0"
+    with quota_cgroup(100_000) as (path, _):
+        out = subprocess.run(
+            [sys.executable, "-c", FIT_QUOTA, mode], capture_output=True, text=True,
+            timeout=120, check=False, env=env, preexec_fn=in_cgroup(path),
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    notes = " | ".join(got["notes"])
+    if mode == "auto":
+        first = [two_cpus[0]]
+        assert all(m == first for m in got["masks"].values()), got["masks"]
+        assert got["child"] == str(first) and got["env"] == str(first[0])
+        assert f"server confined to CPU {first[0]} of " in notes and "quota (1 CPU)" in notes
+    else:
+        assert all(len(m) >= 2 for m in got["masks"].values())
+        assert got["child"] != str([two_cpus[0]]) and got["env"] is None
+        assert "CPUPIN_VLLM=auto confines the server to CPU" in notes
