@@ -602,6 +602,18 @@ STEP_LAST, STEP_COUNT, STEP_SUMS, STEP_SLOW, STEP_BOUNDS, STEP_COUNTS, STEP_RING
     88,
 )
 STEP_MAX_BOUNDS = 32
+#: The keys of a step clock's two files, and why its cpu.stat was dropped.
+STEP_SCHED_KEY, STEP_STAT_KEY, STEP_STAT_ERR = 85, 86, 87
+
+
+def file_key(fd: int) -> int:
+    """The device and inode of the file open at ``fd`` in one number (as
+    the step marks check it), or 0 when ``fd`` is not open."""
+    try:
+        st = os.fstat(fd)
+    except (OSError, ValueError):
+        return 0
+    return (st.st_ino ^ (st.st_dev << 40)) & ((1 << 63) - 1)
 
 
 def step_marker(
@@ -640,8 +652,13 @@ def step_files(
     """What a step clock's marks read: the schedstat open at ``sched_fd``,
     the cgroup's ``cpu.stat`` open at ``stat_fd`` (``stat_kind`` 2: cgroup
     v2, 1: v1, 0: not read), and the window (ns) within which a begin takes
-    the last end as its start. ``-1``: closed."""
+    the last end as its start. ``-1``: closed. The files' keys
+    (:func:`file_key`) are taken now: the marks read a descriptor only while
+    it names the same file."""
     state[8], state[9], state[10], state[11] = sched_fd, stat_fd, stat_kind, join_ns
+    state[STEP_SCHED_KEY] = file_key(sched_fd) if sched_fd >= 0 else 0
+    state[STEP_STAT_KEY] = file_key(stat_fd) if stat_fd >= 0 else 0
+    state[STEP_STAT_ERR] = 0
 
 
 # --- memory policy ---------------------------------------------------------

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from ._proc import START_CWD
+from .cpulist import format_cpulist
 from .errors import printable
 
 #: The record format's version.
@@ -68,6 +69,45 @@ def frame(body: bytes, size: int | None = None) -> bytes:
     if len(data) > size:
         raise ValueError(f"a record of {len(data)} bytes does not fit in {size}")
     return data.ljust(size, b" ")
+
+
+#: The keys whose values are CPU lists: written as ranges (``"0-999"``)
+#: when a record would outgrow one slot; a reader takes either form.
+CPU_KEYS = frozenset({"cpus", "process_mask"})
+
+
+def compact(value: object) -> object:
+    """``value`` with every CPU list (under :data:`CPU_KEYS`) as ranges."""
+    if isinstance(value, dict):
+        return {
+            k: format_cpulist(v)
+            if k in CPU_KEYS and isinstance(v, (list, tuple, frozenset, set))
+            else compact(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    return value
+
+
+def fit(record: Mapping[str, object]) -> bytes:
+    """A record framed in as few :data:`SLOT`-byte slots as hold it: as
+    :func:`encode` gives it where it fits one slot, else with its CPU lists
+    as ranges (a process mask of 1,000 CPUs is then ``"0-999"``, not 4 KiB
+    of numbers). :class:`ValueError` past :data:`MAX_SIZE`, the most a
+    reader reads, so that the writer never writes what readers refuse."""
+    data = encode(record, None)
+    if len(data) > SLOT:
+        data = frame(
+            json.dumps(
+                compact(dict(record)), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            ).encode()
+        )
+    if len(data) > MAX_SIZE:
+        raise ValueError(
+            f"a record of {len(data)} bytes is larger than {MAX_SIZE}, the most a reader reads"
+        )
+    return data.ljust(-(-len(data) // SLOT) * SLOT, b" ")
 
 
 def _no_constant(name: str) -> object:

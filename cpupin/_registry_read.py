@@ -29,7 +29,7 @@ from ._record import (
     lock_dir,
     open_lock_dir,
 )
-from .cpulist import MAX_CPUS, format_cpulist
+from .cpulist import MAX_CPUS, format_cpulist, parse_cpulist
 from .errors import excerpt, printable
 
 __all__ = ["Record", "Registry", "parent_pinned_to", "prune", "prune_members", "read_registry"]
@@ -42,12 +42,21 @@ def _whole(value: object, lo: int, hi: int, what: str) -> int:
 
 
 def _cpus(value: object, what: str, host: frozenset[int]) -> frozenset[int]:
-    """A list of CPUs of this host, each once."""
-    if not isinstance(value, list) or not value or len(value) > len(host):
-        raise ValueError(f"{what} is not a list of this host's CPUs")
-    cpus = frozenset(_whole(c, 0, MAX_CPUS - 1, f"{what} CPU") for c in value)
-    if len(cpus) != len(value):
-        raise ValueError(f"{what} lists a CPU twice")
+    """A list of CPUs of this host, each once: a list of numbers, or ranges
+    (``"0-999"``) as a record that outgrew one slot writes them."""
+    if isinstance(value, str) and 0 < len(value) <= 8 * len(host) + 8:
+        try:
+            cpus = parse_cpulist(value)
+        except ValueError:
+            raise ValueError(f"{what} is not a list of this host's CPUs") from None
+        if not cpus:
+            raise ValueError(f"{what} is not a list of this host's CPUs")
+    else:
+        if not isinstance(value, list) or not value or len(value) > len(host):
+            raise ValueError(f"{what} is not a list of this host's CPUs")
+        cpus = frozenset(_whole(c, 0, MAX_CPUS - 1, f"{what} CPU") for c in value)
+        if len(cpus) != len(value):
+            raise ValueError(f"{what} lists a CPU twice")
     if not cpus <= host:
         raise ValueError(
             f"{what} names CPU {min(cpus - host)}, which this host does not have online"

@@ -68,6 +68,18 @@ class _Held:
     fd: int
     count: int
     path: str
+    ident: tuple[int, int] = (0, 0)
+    """The lock file's device and inode: the descriptor is trusted (written
+    to, closed) only while it still names that file. A runtime that calls
+    ``os.closerange()`` closes it (and so drops the lock), and the number
+    then names whatever the application opens next."""
+
+    def ours(self) -> bool:
+        try:
+            st = os.fstat(self.fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.ident
 
 
 # The locks this process holds, by GPU address, shared by its claims.
@@ -83,10 +95,11 @@ def _after_fork_in_child() -> None:
     # leaves the parent's locks in place (LOCK_UN would release them).
     global _generation, _held_lock
     for held in _held.values():
-        try:
-            os.close(held.fd)
-        except OSError:
-            pass
+        if held.ours():
+            try:
+                os.close(held.fd)
+            except OSError:
+                pass
     _held.clear()
     _held_lock = threading.RLock()
     _generation += 1
@@ -285,12 +298,21 @@ class Claim:
         returns why it could not, or an empty string."""
         if not self or self._generation != _generation:
             return "the claim holds nothing"
-        data = registry.encode(record)
+        try:
+            data = registry.fit(record)
+        except ValueError as exc:
+            return str(exc)
         failed = []
         with _held_lock:
             for address in self.addresses:
                 held = _held.get(address)
                 if held is None:
+                    continue
+                if not held.ours():
+                    failed.append(
+                        f"{held.path}: its descriptor was closed under cpupin (the lock "
+                        "went with it); the record is not written"
+                    )
                     continue
                 try:
                     if os.fstat(held.fd).st_size != len(data):
@@ -322,7 +344,8 @@ def _release(address: str) -> None:
     held.count -= 1
     if held.count == 0:
         del _held[address]
-        os.close(held.fd)  # releases the lock
+        if held.ours():  # never close a number that now names another file
+            os.close(held.fd)  # releases the lock
 
 
 def claim_gpus(addresses: Iterable[str], lock_dir: str | os.PathLike[str] | None = None) -> Claim:
@@ -359,7 +382,8 @@ def claim_gpus(addresses: Iterable[str], lock_dir: str | os.PathLike[str] | None
                     held.count += 1
                 else:
                     fd = _lock_one(dir_fd, address, paths[address], shared)
-                    _held[address] = _Held(fd, 1, paths[address])
+                    st = os.fstat(fd)
+                    _held[address] = _Held(fd, 1, paths[address], (st.st_dev, st.st_ino))
                 taken.append(address)
             generation = _generation
     except _Refused as refused:

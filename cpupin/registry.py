@@ -58,12 +58,15 @@ from ._record import (
     VERSION,
     Pinned,
     _names,
+    compact,
     decode,
     encode,
+    fit,
     frame,
     lock_dir,
     open_lock_dir,
 )
+from .cpulist import format_cpulist
 from .errors import printable
 
 if TYPE_CHECKING:
@@ -94,6 +97,7 @@ __all__ = [
     "parent_pinned_to",
     "decode",
     "encode",
+    "fit",
     "lock_dir",
     "open_lock_dir",
     "prune",
@@ -111,17 +115,21 @@ __all__ = [
 _lock = threading.RLock()
 # Where this process's record is (directory, name), when it has one.
 _written: tuple[str, str] | None = None
-# The record file, kept open for its pwrites, and the size of its slot.
+# The record file, kept open for its pwrites, the size of its slot, and its
+# device and inode: a runtime that daemonizes or calls os.closerange() closes
+# the descriptor, and the number then names whatever it opens next, so it is
+# trusted only while it still names this file.
 _fd = -1
 _slot = 0
+_fd_id: tuple[int, int] | None = None
 # This process's pid, start time and uid, read once (a forked child reads its own).
 _me: tuple[int, int, int] | None = None
 # Set at exit: threads still pinning (daemons) write no record afterwards.
 _closed = False
 # The lock directories already warned about, so that each says why once.
 _warned: set[str] = set()
-# Each pin's JSON, made once (a record is these joined).
-_fragments: dict[Pinned, str] = {}
+# Each pin's JSON, made once (a record is these joined), plain and compact.
+_fragments: dict[tuple[Pinned, bool], str] = {}
 #: ``CPUPIN_REGISTRY=0`` keeps this process from writing its record.
 _disabled = os.environ.get("CPUPIN_REGISTRY") == "0"
 # The pins last registered, and what the process says of itself beside them
@@ -230,11 +238,10 @@ def _write(directory: str | None) -> None:
     # A record with no pins left stays (until exit) rather than go: the
     # next pin is then one pwrite, not a new file.
     data = _record_bytes(listed)
-    if _fd >= 0 and len(data) <= _slot and _room(_slot):
+    if _fd >= 0 and len(data) <= _slot and _room(_slot) and _in_place(where):
         try:
-            if os.fstat(_fd).st_nlink:  # still in the directory
-                _write_all(_fd, data.ljust(_slot, b" "), 0)
-                return
+            _write_all(_fd, data.ljust(_slot, b" "), 0)
+            return
         except OSError as exc:
             _warn_once(where, f"cannot write a record there: {exc.strerror}")
             return
@@ -249,6 +256,37 @@ def _write(directory: str | None) -> None:
         os.close(dir_fd)
 
 
+def _ours() -> bool:
+    """Whether the kept descriptor still names the record file (not a file
+    the application opened under a number it closed for us); when it does
+    not, the number is forgotten, never written to or closed."""
+    global _fd, _slot, _fd_id
+    if _fd < 0:
+        return False
+    try:
+        st = os.fstat(_fd)
+    except OSError:
+        st = None
+    if st is not None and (st.st_dev, st.st_ino) == _fd_id:
+        return True
+    _fd, _slot, _fd_id = -1, 0, None
+    return False
+
+
+def _in_place(where: str) -> bool:
+    """Whether the kept descriptor is ours and its file is still this
+    process's record under its name in ``where`` (not removed, renamed away,
+    or left behind in a directory swapped for another): else a new record
+    file is made, so that ``ps`` never loses the process for good."""
+    if not _ours() or _written is None:
+        return False
+    try:
+        st = os.stat(os.path.join(where, _written[1]), follow_symlinks=False)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == _fd_id
+
+
 def _room(size: int) -> bool:
     """Whether a file of ``size`` bytes may be written whole: a pwrite in
     place cut short by RLIMIT_FSIZE would tear the good record, so under a
@@ -258,27 +296,63 @@ def _room(size: int) -> bool:
 
 
 def _record_bytes(listed: list[Pinned]) -> bytes:
+    """The record of ``listed`` and :data:`_about`. One that would outgrow a
+    slot writes its CPU lists as ranges and its names unescaped; one that
+    would still pass :data:`MAX_SIZE` (the most a reader reads) lists the
+    pins that fit, with a note of how many it left out, so that the
+    process never vanishes from ``ps``."""
     global _me
     if _me is None:
         pid = os.getpid()
         _me = (pid, start_time(pid) or 0, os.geteuid())
+    data = _assemble([_fragment(p) for p in listed], dict(_about))
+    if len(data) <= SLOT:
+        return data
+    pins = [_fragment(p, compact=True) for p in listed]
+    about: dict[str, Any] = {k: compact(v) for k, v in _about.items()}
+    data = _assemble(pins, about)
+    if len(data) <= MAX_SIZE:
+        return data
+    # Keep the pins that fit, the first first, and say how many did not.
+    room = MAX_SIZE - len(_assemble([], about)) - 2 * MAX_NOTE
+    kept = 0
+    for text in pins:
+        room -= len(text.encode()) + 1
+        if room < 0:
+            break
+        kept += 1
+    notes = [str(n) for n in _about.get("notes", [])][: MAX_NOTES - 1]
+    notes.append(
+        f"{len(pins) - kept} of {len(pins)} pins left out: a record holds at most {MAX_SIZE} bytes"
+    )
+    return _assemble(pins[:kept], {**about, "notes": notes})
+
+
+def _fragment(p: Pinned, *, compact: bool = False) -> str:
+    """A pin's JSON, made once (a record is these joined)."""
+    key = (p, compact)
+    text = _fragments.get(key)
+    if text is None:
+        if len(_fragments) > MAX_PINS:
+            _fragments.clear()
+        cpus: object = format_cpulist(p.cpus) if compact else sorted(p.cpus)
+        text = _fragments[key] = json.dumps(
+            {"tid": p.tid, "name": p.name[:MAX_NAME], "cpus": cpus, "role": p.role},
+            separators=(",", ":"),
+            ensure_ascii=not compact,
+        )
+    return text
+
+
+def _assemble(pins: list[str], about: dict[str, Any]) -> bytes:
+    assert _me is not None
     pid, started, uid = _me
-    pins = []
-    for p in listed:
-        text = _fragments.get(p)
-        if text is None:
-            if len(_fragments) > MAX_PINS:
-                _fragments.clear()
-            text = _fragments[p] = json.dumps(
-                {"tid": p.tid, "name": p.name[:MAX_NAME], "cpus": sorted(p.cpus), "role": p.role},
-                separators=(",", ":"),
-            )
-        pins.append(text)
-    about = "".join(
-        f'"{key}":{json.dumps(_about[key], separators=(",", ":"))},' for key in sorted(_about)
+    head = "".join(
+        f'"{key}":{json.dumps(about[key], separators=(",", ":"), ensure_ascii=False)},'
+        for key in sorted(about)
     )
     body = (
-        f'{{{about}"pid":{pid},"pins":[{",".join(pins)}],"start_time":{started},'
+        f'{{{head}"pid":{pid},"pins":[{",".join(pins)}],"start_time":{started},'
         f'"time":{round(time.time(), 3)!r},"uid":{uid},"version":{VERSION}}}'
     ).encode()
     return frame(body)
@@ -287,15 +361,16 @@ def _record_bytes(listed: list[Pinned]) -> bytes:
 def _create(dir_fd: int, where: str, data: bytes) -> None:
     """A new record file with a slot that holds ``data``, renamed into place
     over the old one (or under the next free name), and kept open."""
-    global _written, _fd, _slot
+    global _written, _fd, _slot, _fd_id
     assert _me is not None
     pid, started, _ = _me
     slot = SLOT
     while slot < len(data):
         slot *= 2
-    # One writer at a time (the lock; threads.py keeps a signal handler's
-    # publish from nesting in another): one temporary name per process.
-    tmp = f"cpupin-tmp-{pid}.tmp"
+    # An unpredictable temporary name: another user who made the name ahead
+    # (for pids to come) would otherwise keep this process from ever
+    # writing its record.
+    tmp = f"cpupin-tmp-{pid}-{os.urandom(8).hex()}.tmp"
     try:
         fd = os.open(
             tmp,
@@ -310,6 +385,7 @@ def _create(dir_fd: int, where: str, data: bytes) -> None:
     try:
         os.fchmod(fd, 0o644)
         _write_all(fd, data.ljust(slot, b" "))
+        st = os.fstat(fd)
     except OSError as exc:
         os.close(fd)
         _unlink(dir_fd, tmp)
@@ -330,6 +406,7 @@ def _create(dir_fd: int, where: str, data: bytes) -> None:
             _remove(dir_fd)
         _close()
         _written, _fd, _slot = (where, name), fd, slot
+        _fd_id = (st.st_dev, st.st_ino)
         return
     os.close(fd)
     _unlink(dir_fd, tmp)
@@ -337,13 +414,14 @@ def _create(dir_fd: int, where: str, data: bytes) -> None:
 
 
 def _close() -> None:
-    global _fd, _slot
-    if _fd >= 0:
+    """Close the kept descriptor, only while it is still ours."""
+    global _fd, _slot, _fd_id
+    if _ours():
         try:
             os.close(_fd)
         except OSError:
             pass
-    _fd, _slot = -1, 0
+    _fd, _slot, _fd_id = -1, 0, None
 
 
 def _unlink(dir_fd: int, name: str) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -54,6 +56,23 @@ _BOUNDS_NS = [round(b * 1e9) for b in BUCKETS_S]
 JOIN_NS = 5_000
 
 _clocks: weakref.WeakSet[StepClock] = weakref.WeakSet()
+
+
+def _unique(name: str) -> str:
+    """``name``, or ``name-2`` (``-3``...) when a live clock of this process
+    has it: two clocks never export the same series."""
+    taken = {c.name for c in list(_clocks)}
+    if name not in taken:
+        return name
+    n = 2
+    while f"{name}-{n}" in taken:
+        n += 1
+    import logging
+
+    logging.getLogger("cpupin").warning(
+        "cpupin: a StepClock named %r exists in this process: this one is %r", name, f"{name}-{n}"
+    )
+    return f"{name}-{n}"
 
 
 def clocks() -> list[StepClock]:
@@ -94,7 +113,20 @@ class StepClock:
     cgroup is read. The on-CPU time is the kernel's ``schedstat``, which it
     brings up to date at each tick and each switch: a step shorter than a
     tick reads none or a whole tick, and the sum over many steps is right.
-    The wait is exact.
+    The wait is exact. The throttled time is the cgroup's (``cpu.stat``:
+    ``throttled_usec`` on v2, ``throttled_time`` on v1), which both sum
+    over the group's run queues, one a CPU, so it can pass the step's wall
+    time: a step's figure is capped at its wall time (the step was held back
+    at most all of it), and is the group's, not the thread's.
+
+    A clock times the thread that made it: used from another thread it
+    raises ``RuntimeError`` at the step's start. Its own bookkeeping never
+    fails a step: a ``cpu.stat`` that goes away (the process moved to
+    another cgroup) leaves the throttled time unknown
+    (:attr:`throttle_lost`), descriptors closed under it are opened afresh
+    (never closed again: the number may be the application's by then), and
+    neither it nor ``on_slow`` replaces the exception a step raised. A
+    second live clock of the same name is named ``name-2``.
     """
 
     def __init__(
@@ -115,7 +147,7 @@ class StepClock:
             raise ValueError(f"slow_wait_us={slow_wait_us!r}: microseconds, 0 or more")
         if on_slow is not None and not callable(on_slow):
             raise TypeError(f"on_slow={on_slow!r} is not callable")
-        self.name = str(name)
+        self.name = _unique(str(name))
         self.keep = keep
         self.on_slow = on_slow
         self._slow_ns = None if slow_wait_us is None else int(slow_wait_us * 1000)
@@ -124,6 +156,7 @@ class StepClock:
         self._want_throttle = throttle
         self._forked_away = False
         self._sched_fd = self._stat_fd = -1
+        self._keys = (0, 0)
         self._begin, self._end, self._state = _native.step_marker(
             keep,
             bounds_ns=_BOUNDS_NS,
@@ -131,13 +164,20 @@ class StepClock:
         )
         self._open()
         _clocks.add(self)
+        if "torch" in sys.modules:
+            # The thread that steps runs torch's pool: the census reads the
+            # pool's size here, where libgomp keeps it.
+            from ._torch_thread import note_pool_thread
+
+            note_pool_thread()
 
     # --- the descriptors ---------------------------------------------------
 
     def _open(self) -> None:
         self.tid = _native.gettid()
+        self._ident = threading.get_ident()
         self._sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        kind = 0
+        self._stat_fd, kind = -1, 0
         if self._want_throttle:
             with Reader(self._root) as r:
                 quota = read_cgroup(r)[1]
@@ -147,23 +187,35 @@ class StepClock:
                     if fd is not None:
                         self._stat_fd, kind, self.throttle_source = fd, version, rel
         _native.step_files(self._state, self._sched_fd, self._stat_fd, kind, JOIN_NS)
+        self._keys = (
+            int(self._state[_native.STEP_SCHED_KEY]),
+            int(self._state[_native.STEP_STAT_KEY]),
+        )
 
     def close(self) -> None:
-        """Close the descriptors; the steps recorded stay readable."""
-        for fd in (self._sched_fd, self._stat_fd):
-            if fd >= 0:
+        """Close the descriptors; the steps recorded stay readable. A
+        descriptor that no longer names the clock's file (the application
+        closed it and opened one of its own under the number) is forgotten,
+        never closed."""
+        for fd, key in zip((self._sched_fd, self._stat_fd), self._keys):
+            if fd >= 0 and key and _native.file_key(fd) == key:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
         self._sched_fd = self._stat_fd = -1
+        self._keys = (0, 0)
         _native.step_files(self._state, -1)
 
     def __del__(self) -> None:
         if "_state" in self.__dict__:  # not when __init__ refused its arguments
             self.close()
 
-    def _fail(self, rc: int) -> None:
+    def _recover(self, rc: int) -> bool:
+        """After a mark failed: reopen the files when the schedstat
+        descriptor is not ours any more (True: try the mark again); raise
+        for what the caller must hear of (a closed clock, a clock of a
+        thread that exited or of a parent process)."""
         if self._forked_away:
             raise RuntimeError(
                 "this StepClock was made in a thread of the parent process that the "
@@ -171,25 +223,56 @@ class StepClock:
             )
         if self._sched_fd < 0:
             raise RuntimeError(f"StepClock {self.name!r} is closed")
+        if rc == -errno.EBADF:
+            # Closed under us: forget the numbers (they may be the
+            # application's now) and open the files afresh.
+            self._sched_fd = self._stat_fd = -1
+            self._keys = (0, 0)
+            self._open()
+            return True
         if rc == -errno.ESRCH:
             raise ProcessLookupError(
                 errno.ESRCH, f"tid {self.tid}, the thread this StepClock times, has exited"
             )
         _native.raise_oserror(rc, f"the step clock of tid {self.tid}")
+        return False  # pragma: no cover - raise_oserror raises
+
+    def _here(self) -> None:
+        if threading.get_ident() != self._ident and not self._forked_away:
+            raise RuntimeError(
+                f"StepClock {self.name!r} times tid {self.tid}, the thread that made it; "
+                f"this is tid {_native.gettid()}: make a clock in each thread that steps"
+            )
+
+    @property
+    def throttle_lost(self) -> str | None:
+        """Why the cgroup's throttled time stopped being read mid-run (its
+        ``cpu.stat`` went away when the process moved to another cgroup, or
+        its descriptor was closed under the clock): from then on a step's
+        throttled time is unknown. ``None`` while it is read."""
+        err = int(self._state[_native.STEP_STAT_ERR])
+        return None if not err else f"{self.throttle_source}: {os.strerror(err)}"
 
     # --- a step ----------------------------------------------------------
 
     def begin(self) -> None:
-        """Start a step."""
-        if self._begin() < 0:
-            self._fail(self._begin())
+        """Start a step (in the thread that made the clock)."""
+        if threading.get_ident() != self._ident:
+            self._here()
+        rc = self._begin()
+        if rc < 0 and self._recover(rc):
+            rc = self._begin()
+            if rc < 0:
+                self._recover(rc)
 
     def end(self) -> None:
-        """End the step begun last, and record it."""
+        """End the step begun last, and record it. A step whose figures
+        could not be read (its files were closed under the clock) is not
+        recorded; the clock reopens them for the next."""
         rc = self._end()
         if rc:  # 2: a slow step (its wait reached slow_wait_us); < 0: an error
             if rc < 0:
-                self._fail(rc)
+                self._recover(rc)
             elif self.on_slow is not None:
                 self.on_slow(self._step_at(_native.STEP_LAST))
 
@@ -198,12 +281,21 @@ class StepClock:
         return self
 
     def __enter__(self) -> StepClock:
-        if self._begin() < 0:
-            self._fail(self._begin())
+        self.begin()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.end()
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if exc is None:
+            self.end()
+            return
+        # The step's own exception goes on: the clock's bookkeeping, and
+        # on_slow, never replace it.
+        try:
+            self.end()
+        except Exception as own:  # noqa: BLE001
+            add_note = getattr(exc, "add_note", None)  # Python 3.11
+            if add_note is not None:
+                add_note(f"(StepClock {self.name!r} could not record this step: {own!r})")
 
     # --- what was recorded ---------------------------------------------------
 

@@ -292,14 +292,40 @@ int cpupin_thread_start(unsigned long long *out)
  * the steps, s[14..16] sum wall, wait and throttled ns; the wait is counted
  * in the first of the s[18] bucket bounds at s[20...] it does not exceed
  * (counts at s[52...], the last for none); the end becomes s[0..3]. Returns
- * 2 when the wait reached s[17] (>= 0), else 0; or -errno. The caller
- * decides the bounds and what a slow step means. */
-static int step_read(int sched_fd, int stat_fd, int stat_kind, long long *out)
+ * 2 when the wait reached s[17] (>= 0), else 0; or -errno (-EBADF: the
+ * schedstat descriptor no longer names its file). s[85] and s[86] are the
+ * keys (file_key) of the two files; a cpu.stat that cannot be read any more
+ * is dropped (s[9] = -1) with its errno in s[87]. The caller decides the
+ * bounds and what a slow step means. */
+enum {
+    STEP_KEEP = 12, STEP_COUNT = 13, STEP_SUMS = 14, STEP_SLOW = 17, STEP_NBOUNDS = 18,
+    STEP_BOUNDS = 20, STEP_MAX_BOUNDS = 32, STEP_COUNTS = 52, STEP_SCHED_KEY = 85,
+    STEP_STAT_KEY = 86, STEP_STAT_ERR = 87, STEP_RING = 88
+};
+
+/* The key a step clock keeps of each file it reads (its device and inode
+ * in one number, as cpupin._native.file_key makes it), or 0. */
+static long long file_key(int fd)
+{
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        return 0;
+    return (long long)(((unsigned long long)st.st_ino ^ ((unsigned long long)st.st_dev << 40))
+                       & 0x7fffffffffffffffULL);
+}
+
+static int step_read(long long *s, long long *out)
 {
     char buf[1024];
     unsigned long long st[3];
     ssize_t len;
+    int sched_fd = (int)s[8], stat_fd = (int)s[9], stat_kind = (int)s[10];
 
+    /* A descriptor is trusted only while it names the file it was opened
+     * on: an application that closed it (os.closerange()) may have a file
+     * of its own under that number now. */
+    if (file_key(sched_fd) != s[STEP_SCHED_KEY] || s[STEP_SCHED_KEY] == 0)
+        return -EBADF;
     len = pread(sched_fd, buf, 127, 0);
     if (len < 0)
         return gone(errno);
@@ -311,9 +337,21 @@ static int step_read(int sched_fd, int stat_fd, int stat_kind, long long *out)
     out[3] = -1;
     if (stat_kind == 0 || stat_fd < 0)
         return 0;
+    /* The cgroup's file is the clock's own business: one that went away
+     * (the process moved and the old group was removed) or is not ours any
+     * more makes the throttled figure unknown from then on, never an error
+     * of the step. s[STEP_STAT_ERR] keeps why. */
+    if (file_key(stat_fd) != s[STEP_STAT_KEY]) {
+        s[9] = -1;
+        s[STEP_STAT_ERR] = EBADF;
+        return 0;
+    }
     len = pread(stat_fd, buf, sizeof buf - 1, 0);
-    if (len < 0)
-        return -errno;
+    if (len < 0) {
+        s[9] = -1;
+        s[STEP_STAT_ERR] = errno;
+        return 0;
+    }
     buf[len] = '\0';
     {
         const char *key = stat_kind == 2 ? "throttled_usec " : "throttled_time ";
@@ -330,10 +368,6 @@ static int step_read(int sched_fd, int stat_fd, int stat_kind, long long *out)
     return 0;
 }
 
-enum {
-    STEP_KEEP = 12, STEP_COUNT = 13, STEP_SUMS = 14, STEP_SLOW = 17, STEP_NBOUNDS = 18,
-    STEP_BOUNDS = 20, STEP_MAX_BOUNDS = 32, STEP_COUNTS = 52, STEP_RING = 88
-};
 
 static int step_mark(long long *s, int end)
 {
@@ -345,7 +379,7 @@ static int step_mark(long long *s, int end)
     now[0] = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
     if (!end && now[0] - s[0] < s[11])
         return 1;
-    rc = step_read((int)s[8], (int)s[9], (int)s[10], now);
+    rc = step_read(s, now);
     if (rc < 0)
         return rc;
     if (end) {
@@ -353,7 +387,12 @@ static int step_mark(long long *s, int end)
         long long nb = s[STEP_NBOUNDS], b = 0;
         for (int i = 0; i < 3; i++)
             s[4 + i] = now[i] - s[i];
+        /* The cgroup's throttled time sums its run queues (one a CPU, on
+         * v1 and v2 alike): it can pass the step's wall time. The step
+         * itself was held back at most all of it. */
         s[7] = now[3] >= 0 && s[3] >= 0 ? now[3] - s[3] : -1;
+        if (s[7] > s[4])
+            s[7] = s[4];
         for (int i = 0; i < 4; i++)
             slot[i] = s[4 + i];
         s[STEP_COUNT]++;
@@ -492,11 +531,30 @@ static const char *const file_names[NFILES] = {"schedstat", "comm", "stat"};
 struct task {
     int tid;
     int fd[NFILES]; /* -1 when not kept open */
+    unsigned long long ino[NFILES]; /* the file each kept one was opened on */
 };
 
+/* A kept descriptor is trusted only while it still names the file it was
+ * opened on: an application that closes descriptors it did not open
+ * (os.closerange(), a daemonizing library) frees the number, and the next
+ * file it opens gets it. Such a number is forgotten, never read or closed.
+ * procfs is one device, so its inode tells its files apart. */
+static unsigned long long ino_of(int fd)
+{
+    struct stat st;
+    return fd >= 0 && fstat(fd, &st) == 0 ? (unsigned long long)st.st_ino : 0;
+}
+
+static int still_ours(int fd, unsigned long long ino)
+{
+    return fd >= 0 && ino != 0 && ino_of(fd) == ino;
+}
+
 struct cpupin_tasks {
+    int pid;
     int dirfd;
     int stat_fd; /* the process's stat, for its thread count; -1 if none */
+    unsigned long long dir_ino, stat_ino;
     int max_open, nopen;
     struct task *tasks;
     int ntasks, cap;
@@ -518,27 +576,70 @@ cpupin_tasks *cpupin_tasks_open(int pid, int max_open, int *err)
         *err = -ENOMEM;
         return NULL;
     }
+    t->pid = pid;
     t->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (t->dirfd < 0) {
         *err = gone(errno);
         free(t);
         return NULL;
     }
+    t->dir_ino = ino_of(t->dirfd);
     if (pid == 0)
         snprintf(path, sizeof path, "/proc/self/stat");
     else
         snprintf(path, sizeof path, "/proc/%d/stat", pid);
     t->stat_fd = open(path, O_RDONLY | O_CLOEXEC);
+    t->stat_ino = ino_of(t->stat_fd);
     t->max_open = max_open;
     *err = 0;
     return t;
+}
+
+/* Forgets every kept descriptor of the tasks (without closing: they may
+ * name the application's files now). */
+static void forget_tasks(cpupin_tasks *t)
+{
+    for (int i = 0; i < t->ntasks; i++)
+        for (int f = 0; f < NFILES; f++)
+            t->tasks[i].fd[f] = -1;
+    t->nopen = 0;
+}
+
+/* Checks the folder's and the stat file's descriptors, reopening what is
+ * no longer ours; returns 0 or -errno. */
+static int check_dir(cpupin_tasks *t)
+{
+    char path[48];
+    if (!still_ours(t->dirfd, t->dir_ino)) {
+        int fd;
+        if (t->pid == 0)
+            snprintf(path, sizeof path, "/proc/self/task");
+        else
+            snprintf(path, sizeof path, "/proc/%d/task", t->pid);
+        fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+            return gone(errno);
+        t->dirfd = fd;
+        t->dir_ino = ino_of(fd);
+        forget_tasks(t); /* the same tidy-up closed those too, most likely */
+    }
+    if (t->stat_fd >= 0 && !still_ours(t->stat_fd, t->stat_ino)) {
+        if (t->pid == 0)
+            snprintf(path, sizeof path, "/proc/self/stat");
+        else
+            snprintf(path, sizeof path, "/proc/%d/stat", t->pid);
+        t->stat_fd = open(path, O_RDONLY | O_CLOEXEC);
+        t->stat_ino = ino_of(t->stat_fd);
+    }
+    return 0;
 }
 
 static void close_task(cpupin_tasks *t, struct task *k)
 {
     for (int f = 0; f < NFILES; f++) {
         if (k->fd[f] >= 0) {
-            close(k->fd[f]);
+            if (still_ours(k->fd[f], k->ino[f]))
+                close(k->fd[f]);
             t->nopen--;
             k->fd[f] = -1;
         }
@@ -551,8 +652,9 @@ void cpupin_tasks_close(cpupin_tasks *t)
         return;
     for (int i = 0; i < t->ntasks; i++)
         close_task(t, &t->tasks[i]);
-    close(t->dirfd);
-    if (t->stat_fd >= 0)
+    if (still_ours(t->dirfd, t->dir_ino))
+        close(t->dirfd);
+    if (still_ours(t->stat_fd, t->stat_ino))
         close(t->stat_fd);
     free(t->tasks);
     free(t->tids);
@@ -644,6 +746,12 @@ static ssize_t read_file(cpupin_tasks *t, struct task *k, int f, char *buf, size
     for (int attempt = 0; attempt < 2; attempt++) {
         int fd = k->fd[f], kept = fd >= 0;
         ssize_t len;
+        if (kept && !still_ours(fd, k->ino[f])) {
+            k->fd[f] = -1; /* not ours any more: forgotten, not closed */
+            t->nopen--;
+            fd = -1;
+            kept = 0;
+        }
         if (!kept) {
             fd = open_file(t, k->tid, f);
             if (fd < 0 && (errno == EMFILE || errno == ENFILE) && t->nopen > 0) {
@@ -658,6 +766,7 @@ static ssize_t read_file(cpupin_tasks *t, struct task *k, int f, char *buf, size
                 return gone(errno); /* -EMFILE stays distinct from a task gone */
             if (t->nopen < t->max_open) {
                 k->fd[f] = fd;
+                k->ino[f] = ino_of(fd);
                 t->nopen++;
                 kept = 1;
             }
@@ -718,6 +827,9 @@ static int tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
     int n, rc, count, used, listed = 0;
     char buf[1024];
 
+    rc = check_dir(t);
+    if (rc < 0)
+        return rc;
 again:
     count = used = 0;
     if (!listed && same_count(t)) { /* listed is set before any goto: no loop */

@@ -4,6 +4,7 @@ of a real process, throttling against a real quota'd cgroup, hostile
 cpu.stat and pressure files, and the step clock against schedstat."""
 
 import bisect
+import errno
 import json
 import math
 import os
@@ -739,11 +740,15 @@ def test_step_clock_measures_the_thread_that_made_it():
     while os.path.exists(f"/proc/self/task/{clock.tid}") and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not os.path.exists(f"/proc/self/task/{clock.tid}")
-    with pytest.raises(ProcessLookupError, match=f"tid {clock.tid}"):
+    # Used from another thread, it says so (it would time the maker).
+    with pytest.raises(RuntimeError, match=f"times tid {clock.tid}, the thread that made it"):
         clock.begin()
+    assert clock._begin() == -errno.ESRCH  # the kernel's word: that thread is gone
     clock.close()
+    mine = cpupin.StepClock()
+    mine.close()
     with pytest.raises(RuntimeError, match="closed"):
-        clock.begin()
+        mine.begin()
 
 
 @pytest.mark.parametrize(
@@ -827,3 +832,61 @@ def test_the_example_runtime_times_its_steps_with_pools_capped_or_left(tmp_path,
     assert out.returncode == 0, out.stderr
     (clock,) = json.loads(out.stdout)["step_clocks"]
     assert clock["steps"] == 60 and clock["wait_us"]["p50"] <= clock["wait_us"]["p99"]
+
+
+TORCH_PER_THREAD = r"""
+import json, os, threading, time, torch, cpupin
+from cpupin.pool_census import census
+
+torch.set_num_threads(3)
+torch.get_num_threads()  # the main thread's own count is now 3 (torch reads it lazily)
+made = threading.Event()
+done = threading.Event()
+out = {}
+
+def step_thread():
+    torch.set_num_threads(1)  # what an engine sets on its step thread
+    out["tid"] = threading.get_native_id()
+    clock = cpupin.StepClock()
+    with clock.step():
+        torch.ones(4).sum()
+    made.set()
+    done.wait()
+
+def read(into):
+    into.append({p.name: p for p in census().pools}["torch intra-op"])
+
+t = cpupin.Thread(target=step_thread)
+t.start()
+made.wait()
+before = []
+read(before)  # asked from the main thread, whose own count is 3
+other = []
+reader = cpupin.Thread(target=read, args=(other,))
+reader.start(); reader.join()
+done.set(); t.join()
+while os.path.exists(f"/proc/self/task/{out['tid']}"):
+    time.sleep(0.001)  # join() returns a moment before the kernel drops the tid
+after = []
+read(after)  # the step thread has gone: the caller's own count again
+print(json.dumps({
+    "tid": out["tid"], "main": torch.get_num_threads(),
+    "seen": [before[0].threads, list(before[0].tids)],
+    "other": [other[0].threads, list(other[0].tids)],
+    "after": [after[0].threads, list(after[0].tids)],
+}))
+"""
+
+
+def test_the_census_reads_torch_on_the_thread_that_steps():
+    # libgomp keeps torch's count per thread: the census must give the step
+    # thread's count whichever thread asks, and say which thread it read.
+    needs_torch()
+    env = {k: v for k, v in os.environ.items() if k not in POOL_VARS}
+    out = run([sys.executable, "-c", TORCH_PER_THREAD], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["main"] == 3  # the oracle: the main thread's own count differs
+    assert got["seen"] == [1, [got["tid"]]]
+    assert got["other"] == [1, [got["tid"]]]
+    assert got["after"] == [3, []]

@@ -1,0 +1,512 @@
+"""Trust, third round: what cpupin keeps open, the size of its records, and
+its step clock's bookkeeping, tried as a runtime with unusual habits would
+(closing descriptors it did not open, moving cgroups, squatting names) and
+as hostile input would. A test per class of fault, over many inputs."""
+
+import errno
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cpupin
+from cpupin import _native, registry
+from cpupin._record import MAX_SIZE, SLOT, compact, decode, fit
+from cpupin._registry_read import _cpus
+
+from .helpers import in_forked_child, run
+from .test_pools import in_cgroup, quota_cgroup
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def lock_dir(monkeypatch):
+    path = pathlib.Path(tempfile.mkdtemp(prefix="cpupin-trust3-", dir="/tmp"))
+    os.chmod(path, 0o1777)
+    monkeypatch.setenv("CPUPIN_LOCK_DIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# --- a kept descriptor is trusted only while it is still ours ----------------
+
+# Each holder keeps descriptors open; the application then closes every
+# descriptor it did not open itself (os.closerange, as a daemonizing runtime
+# does) and opens files of its own, which take the freed numbers. Using and
+# then dropping the holder must leave those files untouched and open, and
+# the holder must work again.
+CLOSED_UNDER = r"""
+import json, os, sys, threading
+import cpupin
+from cpupin import _native, registry
+holder, spare = sys.argv[1], int(sys.argv[2])
+lock_dir = os.environ["CPUPIN_LOCK_DIR"]
+def open_fds():
+    listed = [int(n) for n in os.listdir("/proc/self/fd")]
+    out = set()
+    for fd in listed:  # the listing's own descriptor is closed by now
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        out.add(fd)
+    return out
+before = open_fds()
+if holder == "registry":
+    pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="first")
+elif holder == "lock":
+    claim = cpupin.claim_gpus(["0000:18:00.0"], lock_dir)
+    assert claim, claim.reason
+elif holder == "stepclock":
+    clock = cpupin.StepClock("c")
+    with clock.step():
+        pass
+elif holder == "tasks":
+    _native.thread_stats()
+elif holder == "tasks-of-another":
+    _native.thread_stats(int(sys.argv[3]))
+kept = sorted(open_fds() - before)
+# The application's tidy-up: close what it did not open, then open its own.
+for fd in kept:
+    os.close(fd)
+mine = {}
+i = 0
+while (not set(kept) <= set(mine) or spare) and i < 256:
+    path = os.path.join(sys.argv[4], f"app-{i}")
+    with open(path, "wb") as f:
+        f.write(b"application data %d\n" % i)
+    fd = os.open(path, os.O_RDWR)
+    mine[fd] = path
+    i += 1
+    if set(kept) <= set(mine) and spare:
+        spare -= 1
+taken = sorted(set(kept) & set(mine))
+ok = {}
+if holder == "registry":
+    pin.release()
+    again = cpupin.pin_current_thread(cpupin.process_cpus(), role="second")
+    ok["roles"] = [p.role for p in registry.read_registry().pins_of(os.getpid())]
+    again.release()
+    registry._remove_at_exit()  # what exit does: close and remove the record
+elif holder == "lock":
+    why = claim.write_record({"version": 1, "pid": os.getpid()})
+    ok["write"] = why
+    claim.close()
+elif holder == "stepclock":
+    for _ in range(3):
+        with clock.step():
+            pass
+    ok["steps"] = clock.steps
+    clock.close()
+elif holder == "tasks":
+    ok["tids"] = sorted(t.tid for t in _native.thread_stats())
+    ok["oracle"] = sorted(int(n) for n in os.listdir("/proc/self/task"))
+    _native._readers.clear()
+elif holder == "tasks-of-another":
+    ok["tids"] = sorted(t.tid for t in _native.thread_stats(int(sys.argv[3])))
+    ok["oracle"] = sorted(int(n) for n in os.listdir(f"/proc/{sys.argv[3]}/task"))
+    _native._readers.clear()
+import gc; gc.collect()
+intact = {}
+for fd, path in mine.items():
+    try:
+        data = os.pread(fd, 100, 0)
+    except OSError as exc:
+        data = repr(exc).encode()
+    intact[fd] = data == open(path, "rb").read() and data.startswith(b"application data")
+print(json.dumps({"kept": kept, "taken": taken, "intact": intact, "ok": ok}))
+"""
+
+
+@pytest.mark.parametrize("spare", [0, 3])
+@pytest.mark.parametrize("holder", ["registry", "lock", "stepclock", "tasks", "tasks-of-another"])
+def test_a_descriptor_closed_under_cpupin_is_never_written_read_or_closed(
+    holder, spare, lock_dir, tmp_path
+):
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        out = run(
+            [sys.executable, "-c", CLOSED_UNDER, holder, str(spare), str(other.pid), str(tmp_path)]
+        )
+    finally:
+        other.communicate(b"")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["kept"], "the holder kept no descriptor: the test would prove nothing"
+    assert got["taken"], "no application file took a freed number"
+    assert all(got["intact"].values()), got  # every application file, whole and open
+    ok = got["ok"]
+    if holder == "registry":
+        assert ok["roles"] == ["second"]  # a new record file, read back
+    elif holder == "lock":
+        assert "closed under cpupin" in ok["write"]
+    elif holder == "stepclock":
+        assert ok["steps"] == 4
+    else:
+        assert ok["tids"] == ok["oracle"]
+
+
+# --- records: never too big to write, never too big to read -----------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 65536),
+    st.integers(0, 40),
+    st.text(min_size=0, max_size=64),
+)
+def test_a_server_record_of_any_mask_fits_what_readers_read(n, workers, device):
+    """A server's record with a process mask of up to 65,536 CPUs (hosts of
+    1,000 and more exist) is written in whole slots no larger than a reader
+    reads, and reads back to the same CPUs."""
+    mask = list(range(n))
+    record = {
+        "version": 1,
+        "pid": 1,
+        "process_mask": mask,
+        "workers": [{"device": device, "cpus": mask[: 1 + i]} for i in range(workers)],
+    }
+    try:
+        data = fit(record)
+    except ValueError as exc:
+        # Only a record that cannot fit even as ranges is refused, with why.
+        assert "larger than" in str(exc)
+        assert len(json.dumps(compact(record))) > MAX_SIZE - 100
+        return
+    assert len(data) % SLOT == 0 and len(data) <= MAX_SIZE
+    back = decode(data)
+    host = frozenset(range(n))
+    assert _cpus(back["process_mask"], "process_mask", host) == host
+    for w, got in zip(record["workers"], back["workers"]):
+        assert _cpus(got["cpus"], "worker", host) == frozenset(w["cpus"])
+
+
+@given(st.one_of(st.text(max_size=30), st.integers(), st.lists(st.integers(), max_size=5)))
+def test_a_cpu_list_read_as_ranges_is_refused_with_a_reason_or_within_the_host(value):
+    host = frozenset(range(8))
+    try:
+        cpus = _cpus(value, "pin", host)
+    except ValueError as exc:
+        assert "pin" in str(exc)
+    else:
+        assert cpus and cpus <= host
+
+
+def test_a_plan_on_a_host_of_a_thousand_cpus_writes_its_record(lock_dir):
+    """plan_server on a mask of 1,000+ CPUs: the record (4.6 KiB as lists)
+    is written as ranges, the plan stands and the lock is held, never an
+    exception after the lock was taken."""
+    from cpupin.lock import Claim, claim_gpus
+
+    claim = claim_gpus(["0000:18:00.0"], lock_dir)
+    try:
+        assert isinstance(claim, Claim) and claim
+        record = {
+            "version": 1,
+            "pid": os.getpid(),
+            "process_mask": list(range(1024)),
+            "workers": [{"device": "0000:18:00.0", "cpus": [0, 1024 + 0]}],
+        }
+        assert len(registry.encode(record, None)) > SLOT  # the old writer raised here
+        assert claim.write_record(record) == ""
+        raw = (lock_dir / "cpupin-gpu-0000:18:00.0.lock").read_bytes()
+        assert decode(raw)["process_mask"] == "0-1023"
+        huge = {**record, "notes": ["x" * 100] * 1000}
+        assert "larger than" in claim.write_record(huge)  # a reason, not an exception
+    finally:
+        claim.close()
+
+
+MANY_PINS = r"""
+import json, os, sys, threading
+import cpupin
+from cpupin import registry
+n, name = int(sys.argv[1]), sys.argv[2]
+cpus = cpupin.process_cpus()
+gate = threading.Barrier(n + 1)
+def pin():
+    cpupin.pin_current_thread(cpus, role="step")
+    gate.wait(); gate.wait()
+threads = [cpupin.Thread(target=pin, name=name) for _ in range(n)]
+for t in threads: t.start()
+gate.wait()
+found = [r for r in registry.read_registry().records if r.pid == os.getpid()]
+sizes = [os.path.getsize(os.path.join(os.environ["CPUPIN_LOCK_DIR"], f))
+         for f in os.listdir(os.environ["CPUPIN_LOCK_DIR"]) if f.startswith("cpupin-proc-")]
+print(json.dumps({"found": len(found), "pins": len(found[0].pins) if found else 0,
+                  "notes": list(found[0].notes) if found else [], "sizes": sizes}))
+gate.wait()
+"""
+
+
+@pytest.mark.parametrize(
+    "n, name",
+    [
+        (200, "w" * 64),
+        (200, "\N{SNOWMAN}" * 64),
+        (200, "\x01\x7f" * 32),
+        (1500, "\N{CJK UNIFIED IDEOGRAPH-4E00}" * 20),
+    ],
+)
+def test_a_process_with_many_long_named_pins_never_vanishes_from_ps(n, name, lock_dir):
+    out = run([sys.executable, "-c", MANY_PINS, str(n), name])
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["found"] == 1, got
+    assert all(size <= MAX_SIZE for size in got["sizes"])
+    if got["pins"] < n:  # left out to fit: and it says how many
+        assert any(f"{n - got['pins']} of {n} pins left out" in note for note in got["notes"])
+    else:
+        assert got["pins"] == n
+
+
+# --- names another user squats, files moved under a running process -----------
+
+SQUATTED_TMP = r"""
+import json, os, sys
+import cpupin
+from cpupin import registry
+sys.stdin.readline()  # the squatter plants its names meanwhile
+pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="step")
+print(json.dumps([p.role for p in registry.read_registry().pins_of(os.getpid())]))
+"""
+
+
+@pytest.mark.parametrize("squat", ["file", "symlink", "directory", "fifo"])
+def test_the_temporary_name_cannot_be_squatted(squat, lock_dir):
+    """Another user makes the temporary name a process would have taken
+    (``cpupin-tmp-<pid>.tmp``, and a few neighbours) before it writes its
+    record: the record is written all the same."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", SQUATTED_TMP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir)},
+    )  # fmt: skip
+
+    def plant():
+        for name in (f"cpupin-tmp-{child.pid}.tmp", f"cpupin-tmp-{child.pid}-0.tmp"):
+            path = lock_dir / name
+            if squat == "file":
+                path.write_text("mine")
+            elif squat == "symlink":
+                os.symlink("/etc/passwd", path)
+            elif squat == "directory":
+                os.mkdir(path)
+            else:
+                os.mkfifo(path)
+        return True
+
+    try:
+        assert in_forked_child(plant, uid=NOBODY)
+        out, _ = child.communicate("go\n", timeout=60)
+    finally:
+        child.kill()
+    assert json.loads(out) == ["step"]
+
+
+MOVED_UNDER = r"""
+import json, os, sys
+import cpupin
+from cpupin import registry
+first = cpupin.pin_current_thread(cpupin.process_cpus(), role="first")
+print("ready", flush=True)
+sys.stdin.readline()  # the record is moved, removed or its directory swapped
+second = cpupin.pin_current_thread(cpupin.process_cpus(), role="second")
+third = cpupin.Thread(target=lambda: None)
+print(json.dumps(sorted(p.role for p in registry.read_registry().pins_of(os.getpid()))))
+"""
+
+
+@pytest.mark.parametrize("how", ["renamed", "removed", "replaced", "directory swapped"])
+def test_a_record_moved_under_a_running_process_comes_back(how, lock_dir):
+    child = subprocess.Popen(
+        [sys.executable, "-c", MOVED_UNDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir)},
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline() == "ready\n"
+        (name,) = [n for n in os.listdir(lock_dir) if n.startswith("cpupin-proc-")]
+        if how == "renamed":
+            os.rename(lock_dir / name, lock_dir / "elsewhere.json")
+        elif how == "removed":
+            os.unlink(lock_dir / name)
+        elif how == "replaced":
+            (lock_dir / "other").write_text("not a record")
+            os.replace(lock_dir / "other", lock_dir / name)
+        else:
+            os.rename(lock_dir, f"{lock_dir}.old")
+            os.mkdir(lock_dir)
+            os.chmod(lock_dir, 0o1777)
+        out, _ = child.communicate("go\n", timeout=60)
+    finally:
+        child.kill()
+        shutil.rmtree(f"{lock_dir}.old", ignore_errors=True)
+    assert json.loads(out) == ["second"]  # the same thread: the second pin replaced the first
+
+
+# --- the step clock's own bookkeeping never fails a step ----------------------
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("body", [None, Boom, KeyboardInterrupt, ValueError])
+@pytest.mark.parametrize("slow", [None, Boom, RuntimeError])
+def test_on_slow_never_replaces_the_steps_own_exception(body, slow):
+    def on_slow(step):
+        if slow is not None:
+            raise slow("from on_slow")
+
+    clock = cpupin.StepClock(slow_wait_us=0, on_slow=on_slow)  # every step is slow
+    expected = body or slow
+    try:
+        if expected is None:
+            with clock.step():
+                pass
+        else:
+            with pytest.raises(expected) as caught:
+                with clock.step():
+                    if body is not None:
+                        raise body("from the step")
+            assert str(caught.value) == ("from the step" if body else "from on_slow")
+            if body is not None and slow is not None:
+                assert "could not record this step" in "".join(
+                    getattr(caught.value, "__notes__", [""])
+                ) or sys.version_info < (3, 11)
+        assert clock.steps == 1
+    finally:
+        clock.close()
+
+
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_clocks_of_one_name_export_apart(n):
+    prometheus_client = pytest.importorskip(
+        "prometheus_client", reason="the exporter is the prometheus extra"
+    )
+    from cpupin.metrics import ThreadCollector
+
+    made = [cpupin.StepClock("decode") for _ in range(n)]
+    try:
+        names = [c.name for c in made]
+        assert len(set(names)) == n and names[0] == "decode"
+        reg = prometheus_client.CollectorRegistry()
+        reg.register(ThreadCollector())
+        text = prometheus_client.generate_latest(reg).decode()
+        series = [
+            line.split("{", 1)[1].split("}", 1)[0]
+            for line in text.splitlines()
+            if line.startswith("cpupin_step_seconds_total{")
+        ]
+        assert len(series) == len(set(series)) >= n  # no series twice
+        for name in names:
+            assert sum(f'clock="{name}"' in labels for labels in series) == 1
+    finally:
+        for c in made:
+            c.close()
+
+
+@settings(max_examples=80, deadline=None)
+@given(deltas=st.lists(st.integers(0, 10**12), min_size=1, max_size=12))
+def test_a_steps_throttled_time_is_never_more_than_its_wall_time(tmp_path_factory, deltas):
+    """The cgroup's throttled counter (here a file the test writes, as v2's
+    ``throttled_usec``) may grow by more than a step lasts (it sums the
+    group's run queues): a step's figure is capped at its wall time, and
+    the sum is the sum of the figures."""
+    path = tmp_path_factory.mktemp("stat") / "cpu.stat"
+    total = 0
+    path.write_text(f"usage_usec 1\nthrottled_usec {total}\n")
+    clock = cpupin.StepClock(throttle=False)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _native.step_files(clock._state, clock._sched_fd, fd, 2, 0)
+        clock.begin()
+        for delta in deltas:
+            total += delta
+            path.write_text(f"usage_usec 1\nthrottled_usec {total}\n")
+            clock.end()
+            step = clock.last
+            assert step.throttled_ns == min(delta * 1000, step.wall_ns)
+        figures = [s.throttled_ns for s in clock.recent()]
+        assert clock.throttled_sum_ns == sum(f for f in figures if f)
+    finally:
+        os.close(fd)
+        clock.close()
+
+
+def test_a_clock_whose_cgroup_went_away_goes_on_stepping():
+    """The process moves to another cgroup and the old one is removed: the
+    next steps run and are counted, their throttled time unknown, and the
+    clock says why; never an exception out of the step."""
+    code = r"""
+import json, sys
+import cpupin
+clock = cpupin.StepClock("moved")
+with clock.step():
+    pass
+print(json.dumps({"source": clock.throttle_source}), flush=True)
+sys.stdin.readline()  # moved out, and the old group removed
+for _ in range(5):
+    with clock.step():
+        pass
+print(json.dumps({"steps": clock.steps, "last": clock.last.throttled_ns,
+                  "lost": clock.throttle_lost}))
+"""
+    with quota_cgroup(100_000) as (path, _):
+        child = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, preexec_fn=in_cgroup(path),
+        )  # fmt: skip
+        try:
+            first = json.loads(child.stdout.readline())
+            assert first["source"] and first["source"].endswith("cpu.stat")
+            parent = os.path.dirname(path)
+            pathlib.Path(parent, "cgroup.procs").write_text(str(child.pid))
+            os.rmdir(path)
+            out, err = child.communicate("go\n", timeout=60)
+        finally:
+            child.kill()
+            os.makedirs(path, exist_ok=True)  # quota_cgroup removes it
+    assert child.returncode == 0, err
+    got = json.loads(out)
+    assert got["steps"] == 6 and got["last"] is None
+    assert got["lost"] and "cpu.stat" in got["lost"]
+
+
+def test_a_clock_used_from_another_thread_says_so():
+    clock = cpupin.StepClock("maker")
+    errors = []
+
+    def other():
+        try:
+            with clock.step():
+                pass
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    try:
+        assert len(errors) == 1 and f"times tid {clock.tid}" in errors[0]
+        assert clock.steps == 0  # nothing was timed on the wrong thread
+        with clock.step():
+            pass
+        assert clock.steps == 1
+    finally:
+        clock.close()
+
+
+def test_an_ebadf_mark_is_the_kernels_word_for_a_closed_clock():
+    clock = cpupin.StepClock()
+    clock.close()
+    assert clock._begin() == -errno.EBADF
