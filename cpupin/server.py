@@ -19,13 +19,20 @@ from dataclasses import dataclass
 from . import registry
 from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
-from .errors import PlanError
+from .errors import PlanError, excerpt
 from .lock import Claim, claim_gpus
 from .placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
 from .process import ENV_PROCESS_CPUS, process_cpus, start_time
-from .topology import Host, parse_pci_address, read_host
+from .topology import Gpu, Host, parse_pci_address, read_host
 
-__all__ = ["ServerPlan", "child_env", "plan_server", "resolve_devices"]
+__all__ = [
+    "ServerPlan",
+    "child_env",
+    "cuda_gpus",
+    "parse_visible_devices",
+    "plan_server",
+    "resolve_devices",
+]
 
 log = logging.getLogger("cpupin")
 
@@ -43,9 +50,10 @@ def resolve_devices(
     """PCI addresses for a device list.
 
     An entry is a PCI address in any spelling, or a device index (an int, or
-    digits), which counts the devices ``CUDA_VISIBLE_DEVICES`` lists (indexes,
-    or GPU UUIDs through ``pynvml`` when it is installed) and those count the
-    host's GPUs in PCI order, as ``nvidia-smi`` and
+    digits), which counts the devices ``CUDA_VISIBLE_DEVICES`` makes visible
+    (:func:`parse_visible_devices`: indexes, or GPU UUIDs through ``pynvml``
+    when it is installed) and those count the host's CUDA devices
+    (:func:`cuda_gpus`: NVIDIA's) in PCI order, as ``nvidia-smi`` and
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` number them. Raises :class:`PlanError`
     naming an entry that cannot be resolved; with ``strict=False`` such an
     entry stays as its text, a worker slot (what a CPU-number setting needs
@@ -60,7 +68,6 @@ def resolve_devices(
                 out.append(str(entry))
         return tuple(out)
     env = os.environ if environ is None else environ
-    visible = env.get("CUDA_VISIBLE_DEVICES")
     out = []
     for entry in entries:
         if isinstance(entry, int) and not isinstance(entry, bool):
@@ -78,27 +85,108 @@ def resolve_devices(
             continue
         else:
             raise PlanError(f"device {entry!r} is neither a PCI address nor a device index")
-        out.append(_by_index(index, host, visible))
+        out.append(_by_index(index, host, env))
     return tuple(out)
 
 
-def _by_index(index: int, host: Host, visible: str | None) -> str:
+def parse_visible_devices(text: str) -> list[int] | list[str]:
+    """``CUDA_VISIBLE_DEVICES`` read as the CUDA runtime reads it: device
+    ordinals, or GPU or MIG UUIDs (``GPU-…``, ``MIG-…``, possibly cut short).
+
+    - An ordinal entry is read like ``strtoul``: leading spaces and a sign,
+      then the digits it starts with (``1gpu`` is 1). A negative one
+      (``-1``) or one that is not a number ends the list there: what came
+      before stays visible, nothing after it.
+    - A UUID list (the variable starts with the prefix) keeps its entries
+      while they start with it.
+    - An entry named twice makes no device visible at all.
+
+    ``""`` and ``"-1"`` give no device. Pure; never raises."""
+    entries = text.split(",")
+    for prefix in ("GPU-", "MIG-"):
+        if text.startswith(prefix):
+            uuids: list[str] = []
+            for entry in entries:
+                if not entry.startswith(prefix):
+                    break
+                if entry in uuids:
+                    return []
+                uuids.append(entry)
+            return uuids
+    ordinals: list[int] = []
+    for entry in entries:
+        n = _leading_number(entry)
+        if n is None or n < 0:
+            break
+        if n in ordinals:
+            return []
+        ordinals.append(n)
+    return ordinals
+
+
+def _leading_number(text: str) -> int | None:
+    """The number ``text`` starts with (after spaces, with a sign), as
+    ``strtol`` reads it; ``None`` when it starts with none. Bounded: at
+    most 19 digits are read."""
+    text = text.lstrip()
+    sign = 1
+    if text[:1] in ("+", "-"):
+        sign = -1 if text[0] == "-" else 1
+        text = text[1:]
+    digits = 0
+    while digits < len(text) and digits < 19 and "0" <= text[digits] <= "9":
+        digits += 1
+    return sign * int(text[:digits]) if digits else None
+
+
+def cuda_gpus(host: Host) -> tuple[Gpu, ...]:
+    """The GPUs a CUDA device index counts: NVIDIA's, in PCI order (as
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``nvidia-smi`` number them); an
+    integrated Intel GPU or an AMD one is not a CUDA device. On a host with
+    no NVIDIA GPU, AMD's (ROCm's HIP counts them, through
+    ``HIP_VISIBLE_DEVICES``, else ``CUDA_VISIBLE_DEVICES``, which it also
+    honours); else every GPU found."""
+    for vendor in ("nvidia", "amd"):
+        found = tuple(g for g in host.gpus if g.vendor == vendor)
+        if found:
+            return found
+    return host.gpus
+
+
+def _by_index(index: int, host: Host, env: Mapping[str, str]) -> str:
     if index < 0:
         raise PlanError(f"device index {index} is negative")
+    gpus = cuda_gpus(host)
+    amd = bool(gpus) and gpus[0].vendor == "amd"
+    name = "HIP_VISIBLE_DEVICES" if amd and "HIP_VISIBLE_DEVICES" in env else "CUDA_VISIBLE_DEVICES"
+    visible = env.get(name)
     if visible is not None:
-        listed = [v.strip() for v in visible.split(",") if v.strip()]
+        listed = parse_visible_devices(visible)
+        # CUDA stops at an ordinal past the devices it has, as at any
+        # invalid entry.
+        if listed and isinstance(listed[0], int):
+            cut = [n for n in listed if isinstance(n, int)]
+            for at, n in enumerate(cut):
+                if n >= len(gpus):
+                    listed = cut[:at]
+                    break
         if index >= len(listed):
             raise PlanError(
-                f"device index {index} is past CUDA_VISIBLE_DEVICES={visible!r}, "
-                f"which lists {len(listed)} device(s)"
+                f"device index {index} is past {name}={excerpt(visible)}, which makes "
+                f"{len(listed)} device(s) visible (read as the CUDA runtime reads it: it stops "
+                "at the first entry that is not a device, and -1 means none)"
             )
         item = listed[index]
-        if not (item.isascii() and item.isdigit()):
+        if isinstance(item, str):
             return _by_uuid(item)
-        index = int(item)
-    if index >= len(host.gpus):
-        raise PlanError(f"device index {index} is past the host's {len(host.gpus)} GPU(s)")
-    return host.gpus[index].address
+        index = item
+    if index >= len(gpus):
+        kind = "AMD" if amd else "NVIDIA" if gpus and gpus[0].vendor == "nvidia" else ""
+        raise PlanError(
+            f"device index {index} is past the host's {len(gpus)} {kind + ' ' if kind else ''}"
+            "GPU(s)"
+        )
+    return gpus[index].address
 
 
 def _by_uuid(uuid: str) -> str:

@@ -7,9 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cpupin import PlanError, child_env, plan_server, resolve_devices
 from cpupin.hosts import HOSTS, build_tree, host_named
+from cpupin.server import parse_visible_devices
 
 GPU7 = "0000:fa:00.0"  # the second GPU of node 3 on xeon6-b300
 MASK = set(range(96, 104)) | set(range(224, 232))
@@ -116,8 +119,11 @@ def test_devices_by_index_through_cuda_visible_devices():
 @pytest.mark.parametrize(
     "entries, env, says",
     [
-        ([8], {}, r"past the host's 8 GPU\(s\)"),
-        ([2], {"CUDA_VISIBLE_DEVICES": "0,1"}, "lists 2"),
+        ([8], {}, r"past the host's 8 NVIDIA GPU\(s\)"),
+        ([2], {"CUDA_VISIBLE_DEVICES": "0,1"}, r"makes 2 device\(s\) visible"),
+        ([0], {"CUDA_VISIBLE_DEVICES": "-1"}, r"makes 0 device\(s\) visible"),
+        ([1], {"CUDA_VISIBLE_DEVICES": "3,9,1"}, r"makes 1 device\(s\) visible"),
+        ([0], {"CUDA_VISIBLE_DEVICES": "2,2"}, r"makes 0 device\(s\) visible"),
         (["gpu0"], {}, "neither a PCI address"),
         ([-1], {}, "negative"),
         ([1.5], {}, "1.5"),
@@ -150,3 +156,76 @@ def test_a_bad_setting_from_the_environment_is_named_as_such(b300_root, tmp_path
             lock_dir=tmp_path,
             environ={"CPUPIN_STEP_THREAD_CORE": "bogus"},
         )
+
+
+# --- CUDA device indexes, as CUDA counts them ----------------------------------
+
+_ENTRY = st.one_of(
+    st.integers(-3, 12).map(str),
+    st.sampled_from(
+        ["", " 3", "4 ", "+2", "-0", "1gpu", "0x1", "a", "GPU-ab12", "MIG-9", " GPU-1"]
+    ),
+    st.text(alphabet="0123456789+- aGPUMI", max_size=6),
+)
+
+
+def _torch_parse(text):
+    """torch's own reading of CUDA_VISIBLE_DEVICES (it mirrors the CUDA
+    runtime's), the oracle; None where torch itself fails on the text."""
+    torch = pytest.importorskip("torch", reason="torch's parser is the oracle")
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = text
+    try:
+        return torch.cuda._parse_visible_devices()
+    except ValueError:
+        return None
+    finally:
+        if old is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
+@settings(max_examples=300)
+@given(st.lists(_ENTRY, min_size=1, max_size=6).map(",".join))
+def test_cuda_visible_devices_is_read_as_torch_reads_it(text):
+    expected = _torch_parse(text)
+    if expected is None:
+        return  # torch raises on a bare sign; cpupin reads it as no number
+    assert parse_visible_devices(text) == expected
+
+
+@given(st.text(max_size=200))
+def test_cuda_visible_devices_never_raises_and_gives_devices_once(text):
+    got = parse_visible_devices(text)
+    assert len(got) == len(set(got))
+    assert all(n >= 0 for n in got if isinstance(n, int))
+
+
+def test_an_integrated_gpu_is_not_a_cuda_device(tmp_path):
+    """A workstation's Intel GPU at 00:02.0 sorts before every NVIDIA GPU in
+    PCI order: CUDA device 4 of a DGX H100 with one is still the fifth
+    NVIDIA GPU, on node 1."""
+    import dataclasses
+
+    from cpupin.binding import gpu_node
+    from cpupin.hosts import HOSTS, build_tree
+    from cpupin.topology import read_host
+
+    spec = HOSTS["dgx-h100"]
+    igpu = dataclasses.replace(spec.gpus[0], address="0000:00:02.0", vendor=0x8086)
+    root = build_tree(dataclasses.replace(spec, gpus=(igpu, *spec.gpus)), tmp_path / "t")
+    host = read_host(str(root))
+    assert len(host.gpus) == 9 and host.gpus[0].vendor == "intel"
+    (address,) = resolve_devices([4], host, {})
+    assert address == "0000:9a:00.0" and gpu_node(host, address)[0] == 1
+    assert resolve_devices([0], host, {"CUDA_VISIBLE_DEVICES": "4"}) == (address,)
+
+
+def test_rocm_counts_amds_gpus_through_hip_visible_devices():
+    host = host_named("amd-8gpu")
+    amd = [g.address for g in host.gpus if g.vendor == "amd"]
+    assert len(amd) == 8
+    assert resolve_devices([0], host, {"HIP_VISIBLE_DEVICES": "3"}) == (amd[3],)
+    # HIP honours CUDA_VISIBLE_DEVICES too, where HIP_VISIBLE_DEVICES is unset.
+    assert resolve_devices([1], host, {"CUDA_VISIBLE_DEVICES": "5,6"}) == (amd[6],)

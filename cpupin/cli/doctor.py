@@ -212,11 +212,11 @@ def _visible_gpus(host: Host, environ: dict[str, str]) -> list[tuple[str, int | 
     if not visible or not host.gpus:
         return []
     from cpupin.binding import gpu_node
-    from cpupin.server import resolve_devices
+    from cpupin.server import parse_visible_devices, resolve_devices
 
     try:
-        count = len([v for v in visible.split(",") if v.strip()])
-        addresses = resolve_devices(range(count), host)
+        count = len(parse_visible_devices(visible))
+        addresses = resolve_devices(range(count), host, environ)
     except (PlanError, ValueError):
         return []
     return [(a, gpu_node(host, a)[0]) for a in addresses]
