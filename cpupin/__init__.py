@@ -11,6 +11,9 @@ See the README for the guide.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 # Recorded at import, from the main thread, before anything can pin: the
@@ -144,12 +147,80 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         try:
-            return importlib.import_module(f".{name}", __name__)
+            return _load(name)
         except ModuleNotFoundError:
             raise AttributeError(f"module 'cpupin' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(_load(module), name)
     globals()[name] = value
     return value
+
+
+# A lazy import runs under this lock, which a fork waits for: a child forked
+# while another thread was half way through importing a module would find it
+# half made, its import lock held by a thread the child does not have, and
+# hang on its first use of the name.
+_import_lock = threading.RLock()
+
+
+def _load(module: str) -> Any:
+    """Import ``cpupin.<module>`` under :data:`_import_lock`, with the
+    catchable asynchronous signals held back in the main thread meanwhile:
+    a handler that ran half way through the import would find the module
+    half made (``partially initialized module``); held back, it runs as
+    soon as the import is done."""
+    held = None
+    if threading.current_thread() is threading.main_thread():
+        import signal
+
+        if hasattr(signal, "pthread_sigmask"):
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, _asynchronous(signal))
+    try:
+        with _import_lock:
+            return importlib.import_module(f".{module}", __name__)
+    finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _asynchronous(signal: Any) -> set[Any]:
+    """Every signal but those the kernel sends for a fault of the thread
+    itself (held back, those would kill the process)."""
+    faults = {
+        getattr(signal, n, None)
+        for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGABRT")
+    }
+    return set(signal.valid_signals()) - faults
+
+
+def _before_fork() -> None:
+    _import_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _import_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    """A fresh lock; and a cpupin module another thread was importing when
+    the process forked (by a path other than this package's names) is
+    forgotten, so that the child imports it afresh instead of waiting for
+    a thread it does not have."""
+    global _import_lock
+    _import_lock = threading.RLock()
+    bootstrap = sys.modules.get("_frozen_importlib")
+    locks = getattr(bootstrap, "_module_locks", None)
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("cpupin.") and getattr(
+            getattr(mod, "__spec__", None), "_initializing", False
+        ):
+            del sys.modules[name]
+            if isinstance(locks, dict):
+                locks.pop(name, None)
+
+
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)
 
 
 def __dir__() -> list[str]:

@@ -510,3 +510,71 @@ def test_an_ebadf_mark_is_the_kernels_word_for_a_closed_clock():
     clock = cpupin.StepClock()
     clock.close()
     assert clock._begin() == -errno.EBADF
+
+
+# --- lazy imports under fork and signals -------------------------------------
+
+# A finder that makes the import of one cpupin module stop half way (its
+# module object made and listed, its code not yet run to the end) until told
+# to go on: the moment another thread forks, or a signal arrives.
+SLOW_IMPORT = r"""
+import importlib.abc, importlib.machinery, os, signal, sys, threading, time
+import cpupin
+target, how = sys.argv[1], sys.argv[2]
+entered, go_on = threading.Event(), threading.Event()
+
+class Slow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target_=None):
+        if name != f"cpupin.{target}":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            entered.set()
+            if how == "signal":
+                os.kill(os.getpid(), signal.SIGUSR1)  # arrives mid-import
+                for _ in range(1000):
+                    sum(range(100))  # bytecodes, where a handler would run
+            else:
+                go_on.wait(30)
+            run(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, Slow())
+name = {"sampling": "Sampler", "launcher": "explain_cpus", "irqs": "read_irqs"}[target]
+if how == "signal":
+    got = []
+    signal.signal(signal.SIGUSR1, lambda *_: got.append(getattr(cpupin, name).__name__))
+    getattr(cpupin, name)
+    time.sleep(0.05)  # a handler held back runs at the next check
+    print("handler saw", got)
+else:
+    importer = threading.Thread(target=lambda: getattr(cpupin, name))
+    importer.start()
+    entered.wait(30)
+    threading.Timer(0.2, go_on.set).start()  # the import finishes in its own time
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a hang fails the test instead of stopping it
+        ok = getattr(cpupin, name).__name__ == name
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    importer.join()
+    print("child exit", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("target", ["sampling", "launcher", "irqs"])
+def test_a_child_forked_during_a_lazy_import_gets_a_working_name(target):
+    out = run([sys.executable, "-c", SLOW_IMPORT, target, "fork"], timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "child exit 0", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("target", ["sampling", "launcher", "irqs"])
+def test_a_signal_handler_during_a_lazy_import_gets_a_working_name(target):
+    out = run([sys.executable, "-c", SLOW_IMPORT, target, "signal"], timeout=90)
+    assert out.returncode == 0, out.stderr
+    name = {"sampling": "Sampler", "launcher": "explain_cpus", "irqs": "read_irqs"}[target]
+    assert out.stdout.strip() == f"handler saw ['{name}']", out.stdout + out.stderr
