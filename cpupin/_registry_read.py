@@ -136,6 +136,7 @@ class Record:
             out["notes"] = list(self.notes)
             out["steps"] = [dict(s) for s in self.steps]
             out["server_pid"] = self.server[0] if self.server else None
+            out["process_mask"] = sorted(self.process_mask) or None
             out["pins"] = [
                 {
                     "tid": p.tid,
@@ -403,6 +404,8 @@ def _process(
     steps = record.get("steps", [])
     if not isinstance(steps, list) or len(steps) > 8:
         raise ValueError("steps is not a list of at most 8 clocks")
+    mask_raw = record.get("process_mask")
+    mask = frozenset() if mask_raw is None else _cpus(mask_raw, "process_mask", host)
     server_raw = record.get("server")
     server = None
     if server_raw is not None:
@@ -425,6 +428,7 @@ def _process(
         notes=tuple(_text(n, "note", 240) for n in notes),
         steps=tuple(_step_figures(s) for s in steps),
         server=server,
+        process_mask=mask,
     )
 
 

@@ -530,16 +530,26 @@ _MOVE_PASSES = 8
 
 def _move_every_thread(cpus: frozenset[int]) -> str:
     """Every thread of this process onto ``cpus``, or none: a move that fails
-    is undone and raised. Threads started while it runs (a thread started
-    from one not yet moved inherits the old mask) are caught by another
-    pass over the list, until a pass finds nothing to move; returns why
-    some threads were left, or an empty string."""
+    is undone and raised. A thread cpupin pinned on purpose within ``cpus``
+    keeps its pin; one pinned outside is moved, and its pin released. Threads
+    started while it runs (a thread started from one not yet moved inherits
+    the old mask) are caught by another pass over the list, until a pass
+    finds nothing to move; returns what was left or released, and why, or
+    an empty string."""
+    from .threads import _drop_pins, pinned_threads
+
+    pins = pinned_threads()
+    kept = {tid for tid, pin in pins.items() if pin <= cpus}
     moved: list[tuple[int, frozenset[int]]] = []
     try:
         for _ in range(_MOVE_PASSES):
-            left = [(st.tid, before) for st, before in thread_masks() if before != cpus]
+            left = [
+                (st.tid, before)
+                for st, before in thread_masks()
+                if before != cpus and st.tid not in kept
+            ]
             if not left:
-                return ""
+                break
             for tid, before in left:
                 try:
                     _native.set_affinity(cpus, tid)
@@ -553,15 +563,23 @@ def _move_every_thread(cpus: frozenset[int]) -> str:
             except (OSError, ValueError):
                 pass
         raise
-    stragglers = [st.tid for st, before in thread_masks() if before != cpus]
-    if not stragglers:
-        return ""
-    shown = ", ".join(map(str, stragglers[:8])) + ("..." if len(stragglers) > 8 else "")
-    return (
-        f"threads kept starting while the process was bound: {len(stragglers)} thread(s) "
-        f"(tid {shown}) are not on "
-        f"CPU {format_cpulist(cpus)}; bind before starting threads"
-    )
+    said = []
+    released = sorted({tid for tid, _ in moved if tid in pins})
+    if released:
+        _drop_pins(released)
+        shown = ", ".join(map(str, released[:8])) + ("..." if len(released) > 8 else "")
+        said.append(
+            f"{len(released)} pinned thread(s) (tid {shown}) had pins outside CPU "
+            f"{format_cpulist(cpus)}: moved, and their pins released; pin them again within it"
+        )
+    stragglers = [st.tid for st, before in thread_masks() if before != cpus and st.tid not in kept]
+    if stragglers:
+        shown = ", ".join(map(str, stragglers[:8])) + ("..." if len(stragglers) > 8 else "")
+        said.append(
+            f"threads kept starting while the process was bound: {len(stragglers)} thread(s) "
+            f"(tid {shown}) are not on CPU {format_cpulist(cpus)}; bind before starting threads"
+        )
+    return "; ".join(said)
 
 
 def _apply_memory(decided: Binding, strict: bool) -> Binding:

@@ -121,7 +121,8 @@ def set_process_cpus(cpus: Iterable[int] | str) -> frozenset[int]:
 
     Takes CPU numbers or a list such as ``"0-15"``; each must be online.
     Affects what cpupin treats as the whole process, not any thread's mask.
-    Returns the new mask.
+    The process's record says so, so that ``cpupin threads`` and ``audit``
+    see the same mask from outside. Returns the new mask.
     """
     wanted = _native.cpu_set(cpus)
     if not wanted:
@@ -135,6 +136,9 @@ def set_process_cpus(cpus: Iterable[int] | str) -> frozenset[int]:
     global _process_cpus
     with _lock:
         _process_cpus = wanted
+    from .registry import describe_process
+
+    describe_process(mask=wanted)  # so that the outside view agrees
     return wanted
 
 
@@ -253,7 +257,9 @@ def _launcher_view(pid: int, threads: frozenset[int]) -> frozenset[int] | None:
 
 def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[int], str]:
     """Another process's mask, and where it came from: its
-    ``CPUPIN_PROCESS_CPUS`` when set; else, when its main thread is on a
+    ``CPUPIN_PROCESS_CPUS`` when set, unless no thread is on that mask and
+    its live record names the mask cpupin gave it since (``bind_process``);
+    else, when its main thread is on a
     mask narrower than the launcher gave it (its cgroup's cpuset, its
     parent's mask), every thread within that, and an OpenMP binding explains
     it (``GOMP_CPU_AFFINITY`` and the like in its environment, or an
@@ -263,9 +269,18 @@ def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[in
     text = environ_of(pid, ENV_PROCESS_CPUS)
     if text is not None:
         try:
-            return parse_cpulist(text), f"its {ENV_PROCESS_CPUS}"
+            started = parse_cpulist(text)
         except ValueError:
-            pass
+            started = None
+        if started is not None:
+            if any(m == started for m in masks) or not masks:
+                return started, f"its {ENV_PROCESS_CPUS}"
+            # No thread is on the mask it started with: cpupin moved the
+            # process since (bind_process), and its record says where.
+            recorded = _recorded_mask(pid)
+            if recorded:
+                return recorded, "its record (the mask cpupin gave it after it started)"
+            return started, f"its {ENV_PROCESS_CPUS}"
     widest = max(masks, key=len, default=frozenset())
     union = frozenset().union(*masks)
     if widest:
@@ -285,6 +300,18 @@ def process_mask_of(pid: int, masks: list[frozenset[int]]) -> tuple[frozenset[in
                     f"{format_cpulist(main)}, narrower, {why}"
                 )
     return widest, "the widest mask among its threads"
+
+
+def _recorded_mask(pid: int) -> frozenset[int]:
+    """The process mask a live record of ``pid`` says it has (empty: none)."""
+    try:
+        found = registry_of(pid, None)
+    except (OSError, ValueError):
+        return frozenset()
+    for record in found.records:
+        if record.kind == "process" and record.pid == pid and record.live:
+            return record.process_mask
+    return frozenset()
 
 
 def registry_of(pid: int, lock_dirs: list[str] | None) -> Registry:

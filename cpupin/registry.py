@@ -182,6 +182,7 @@ def describe_process(
     notes: Iterable[str] | None = None,
     steps: Iterable[dict[str, Any]] | None = None,
     server: tuple[int, int] | None = None,
+    mask: Iterable[int] | None = None,
     directory: str | None = None,
 ) -> None:
     """Say in this process's record what it is beside its pins: its
@@ -189,7 +190,10 @@ def describe_process(
     each decision made for it, with why; at most :data:`MAX_NOTES`), its
     step clocks' figures (``steps``: :func:`step_figures` of each clock) and
     the ``server`` it belongs to (the pid and start time of the process that
-    prunes its record should it be killed: :func:`prune_members`).
+    prunes its record should it be killed: :func:`prune_members`), and its
+    process ``mask`` where cpupin changed it (:func:`cpupin.bind_process`,
+    :func:`cpupin.set_process_cpus`): the outside view takes it over the
+    ``CPUPIN_PROCESS_CPUS`` the process started with.
     ``None`` leaves that part as it was. A record written only for this
     (no pins) is still the process's record: ``cpupin ps`` lists it. Best
     effort, as :func:`register_pins`."""
@@ -202,6 +206,8 @@ def describe_process(
             _about["steps"] = list(steps)[:MAX_CLOCKS]
         if server is not None:
             _about["server"] = [int(server[0]), int(server[1])]
+        if mask is not None:
+            _about["process_mask"] = sorted({int(c) for c in mask})
         _write(directory)
 
 

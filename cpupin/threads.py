@@ -580,6 +580,15 @@ def pinned_threads() -> dict[int, frozenset[int]]:
         return {tid: cpus for tid, (cpus, _, _, _) in list(_pins.items())}
 
 
+def _drop_pins(tids: Iterable[int]) -> None:
+    """Forget the registered pins of ``tids`` (moved off their pins by a
+    binding of the whole process), and say so in the record."""
+    with _pins_lock:
+        dropped = [tid for tid in tids if _pins.pop(tid, None) is not None]
+        if dropped:
+            _publish()
+
+
 class ThreadInfo(NamedTuple):
     """A thread and its mask."""
 

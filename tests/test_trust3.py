@@ -578,3 +578,77 @@ def test_a_signal_handler_during_a_lazy_import_gets_a_working_name(target):
     assert out.returncode == 0, out.stderr
     name = {"sampling": "Sampler", "launcher": "explain_cpus", "irqs": "read_irqs"}[target]
     assert out.stdout.strip() == f"handler saw ['{name}']", out.stdout + out.stderr
+
+
+# --- the outside view agrees with the inside ----------------------------------
+
+BOUND_WORKER = r"""
+import json, os, sys, threading
+import cpupin
+first, second = sorted(cpupin.process_cpus())[:2]
+where = {"first": [first], "second": [second]}[sys.argv[1]]
+pin_at = {"none": None, "inside": where, "outside": [second if where == [first] else first]}[
+    sys.argv[2]]
+stop = threading.Event()
+box = {}
+def stepper():
+    if pin_at is not None:
+        box["pin"] = cpupin.pin_current_thread(pin_at, role="step")
+    box["tid"] = threading.get_native_id()
+    stop.wait()
+t = cpupin.Thread(target=stepper, name="stepper")
+t.start()
+while "tid" not in box:
+    pass
+binding = cpupin.bind_process(cpus=where, memory="none")
+print(json.dumps({
+    "strays": [s.tid for s in cpupin.stray_threads()],
+    "pins": {str(k): sorted(v) for k, v in cpupin.pinned_threads().items()},
+    "stepper": box["tid"], "stepper_mask": sorted(os.sched_getaffinity(box["tid"])),
+    "reason": binding.reason,
+}), flush=True)
+sys.stdin.readline()
+stop.set()
+"""
+
+
+@pytest.mark.parametrize("where", ["first", "second"])
+@pytest.mark.parametrize("pinned", ["none", "inside", "outside"])
+def test_a_worker_bound_after_child_env_looks_the_same_from_outside(
+    where, pinned, two_cpus, lock_dir
+):
+    """The README's recipe: a worker started with ``child_env()`` (its
+    ``CPUPIN_PROCESS_CPUS`` names the launcher's CPUs) binds itself. Inside
+    nothing is stray; from outside ``cpupin threads`` agrees and ``audit
+    --fail-on-narrow`` passes. A thread cpupin pinned within the new CPUs
+    keeps its pin; one pinned outside is moved, its pin released, and the
+    binding says so."""
+    from cpupin.cli import main
+
+    env = cpupin.child_env()
+    child = subprocess.Popen(
+        [sys.executable, "-c", BOUND_WORKER, where, pinned], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        inside = json.loads(child.stdout.readline())
+        outside = run([sys.executable, "-m", "cpupin", "threads", str(child.pid), "--json"])
+        assert outside.returncode == 0, outside.stderr
+        seen = json.loads(outside.stdout)
+        audit = main(["audit", str(child.pid), "--fail-on-narrow", "--json"])
+    finally:
+        child.communicate("\n", timeout=60)
+    cpu = two_cpus[0] if where == "first" else two_cpus[1]
+    assert inside["strays"] == []
+    assert seen["process_mask"] == [cpu], seen["process_mask_from"]
+    assert "its record" in seen["process_mask_from"]
+    stray_outside = [t["tid"] for t in seen["threads"] if t["mask"] != [cpu]]
+    assert stray_outside == [] and sum(p["stray"] for p in seen["pools"]) == 0
+    assert audit == 0
+    if pinned == "inside":
+        assert inside["pins"] == {str(inside["stepper"]): [cpu]} and inside["reason"] == ""
+    elif pinned == "outside":
+        assert inside["pins"] == {} and inside["stepper_mask"] == [cpu]
+        assert "pins released" in inside["reason"] and str(inside["stepper"]) in inside["reason"]
+    else:
+        assert inside["pins"] == {} and inside["stepper_mask"] == [cpu]
