@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ._sysfs import Reader
 from .cgroup import read_cgroup
 from .cpuplan import CpuPlan
+from .errors import excerpt
 from .process import process_cpus, process_mask_of, registry_of, thread_masks
 
 __all__ = [
@@ -158,7 +159,21 @@ def _size(plan: CpuPlan, share: str) -> int:
 
 
 def _ours(env: Mapping[str, str]) -> set[str]:
-    return {v for v in env.get(ENV_POOL_VARS, "").split(",") if v in POOL_VARS}
+    """The pool variables cpupin set and that still hold what it set:
+    ``CPUPIN_POOL_VARS`` records each as ``NAME=VALUE``, so that a value the
+    user put in its place later (a child's shell, a script) counts as the
+    user's even though the name was handed down. A bare name (the older
+    form) counts as cpupin's."""
+    ours = set()
+    for item in env.get(ENV_POOL_VARS, "").split(","):
+        name, eq, value = item.partition("=")
+        if name in POOL_VARS and (not eq or env.get(name) == value):
+            ours.add(name)
+    return ours
+
+
+def _record_ours(env: MutableMapping[str, str], ours: Iterable[str]) -> None:
+    env[ENV_POOL_VARS] = ",".join(f"{n}={env[n]}" for n in sorted(ours) if n in env)
 
 
 def _user_value(env: Mapping[str, str], name: str) -> str | None:
@@ -169,14 +184,30 @@ def _user_value(env: Mapping[str, str], name: str) -> str | None:
     return value
 
 
-def _explain(value: str, size: int) -> str:
-    count = parse_pool_var(value)
+def _shown(value: str) -> str:
+    """A variable's value as a message quotes it: bare when plain digits."""
+    return value if value.isascii() and value.isdigit() and len(value) <= 12 else excerpt(value, 32)
+
+
+def _explain(name: str, env: Mapping[str, str], mask_cpus: int, size: int) -> str:
+    value = env.get(name, "")
+    count = pool_threads(name, env, mask_cpus)
+    shown = _shown(value)
+    if name == "OMP_NUM_THREADS" and omp_num_threads(value) is None:
+        read = (
+            f"set to {shown} by the user, which libgomp refuses: it runs one thread a CPU of "
+            f"the mask ({_threads(mask_cpus)})"
+        )
+    elif count is not None and str(count) != value.strip():
+        read = f"set to {shown} by the user, which its library reads as {_threads(count)}"
+    else:
+        read = f"set to {shown} by the user"
     if count is not None and count > size:
         return (
-            f"set to {count} by the user, more than the {size} the CPUs allow: kept, but the "
-            "pool is oversubscribed; lower it or unset it"
+            f"{read}, more than the {size} the CPUs allow: kept, but the pool is "
+            "oversubscribed; lower it or unset it"
         )
-    return f"set to {value[:32]!r} by the user: kept"
+    return f"{read}: kept"
 
 
 def pool_env(
@@ -217,8 +248,8 @@ def pool_env(
         size = _size(plan, share)
         user = _user_value(env, name)
         if user is not None:
-            limits.kept[name] = _explain(user, size)
-            count = parse_pool_var(user)
+            limits.kept[name] = _explain(name, env, mask_cpus, size)
+            count = pool_threads(name, env, mask_cpus)
             if count is not None and count > size:
                 limits.oversubscribed.append(name)
             continue
@@ -237,7 +268,7 @@ def pool_env(
         env[name] = str(size)
         ours.add(name)
         limits.set[name] = size
-    env[ENV_POOL_VARS] = ",".join(sorted(ours))
+    _record_ours(env, ours)
     return env, limits
 
 
@@ -325,11 +356,95 @@ def _limit_libraries(env: Mapping[str, str], size: int, limits: PoolLimits) -> N
             _lower(limits, label, lib.num_threads, size, lib.set_num_threads)
 
 
+#: What C's ``isspace`` takes for space in the "C" locale.
+_C_SPACE = " \t\n\v\f\r"
+#: The largest count a runtime keeps (a ``long``): past it libgomp refuses.
+_LONG_MAX = (1 << 63) - 1
+
+
+def _strtoul(text: str, at: int) -> tuple[int | None, int]:
+    """C's ``strtoul(text + at, &end, 10)``, for the runtimes' parsers: the
+    value (``None`` for a negative, out-of-range or missing number, which
+    libgomp refuses) and where it stopped. Digits past 20 stop the read."""
+    while at < len(text) and text[at] in _C_SPACE:
+        at += 1
+    negative = text[at : at + 1] == "-"
+    if text[at : at + 1] in ("+", "-"):
+        at += 1
+    start = at
+    while at < len(text) and "0" <= text[at] <= "9" and at - start <= 20:
+        at += 1
+    if at == start:
+        return None, start
+    value = int(text[start:at])
+    if negative or value > _LONG_MAX:
+        return None, at
+    return value, at
+
+
+def omp_num_threads(value: str) -> int | None:
+    """The team size libgomp reads from ``OMP_NUM_THREADS``, or ``None``
+    where it refuses the value (then it warns, and runs one thread a CPU of
+    the mask): a list of whole numbers above 0 (``4,2``: 4 at the first
+    level), each read as ``strtoul`` reads it (spaces, a ``+``), and
+    nothing else. ``0``, ``-1``, ``""``, ``2x``, ``4,x`` are refused."""
+    first, at = _strtoul(value, 0)
+    if not first:
+        return None
+    while True:
+        while at < len(value) and value[at] in _C_SPACE:
+            at += 1
+        if at == len(value):
+            return first
+        if value[at] != ",":
+            return None
+        n, at = _strtoul(value, at + 1)
+        if not n:
+            return None
+
+
+def _atoi(value: str) -> int:
+    """C's ``atoi``: spaces, a sign, the digits it starts with; 0 for none."""
+    n, _ = _strtoul(value, 0)
+    stripped = value.lstrip(_C_SPACE)
+    if n is None:
+        return 0
+    return -n if stripped.startswith("-") else n
+
+
+def pool_threads(name: str, env: Mapping[str, str], mask_cpus: int) -> int | None:
+    """The threads the library that reads ``name`` runs, set as ``env``
+    says, in a process whose mask has ``mask_cpus`` CPUs; ``None`` where
+    the variable is unset and the library's own count is not known.
+
+    - ``OMP_NUM_THREADS``: libgomp's reading (:func:`omp_num_threads`); a
+      value it refuses, or none, is one thread a CPU of the mask.
+    - ``OPENBLAS_NUM_THREADS``: OpenBLAS reads it with ``atoi`` (else
+      ``GOTO_NUM_THREADS``, else ``OMP_NUM_THREADS``); 0 or less is the
+      mask's CPUs; more is cut to them.
+    - the others: a whole number (spaces and a ``+`` allowed) above 0."""
+    value = env.get(name)
+    if name == "OMP_NUM_THREADS":
+        n = None if value is None else omp_num_threads(value)
+        return mask_cpus if n is None else n
+    if name == "OPENBLAS_NUM_THREADS":
+        for var in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+            got = _atoi(env.get(var, ""))
+            if got > 0:
+                return min(got, mask_cpus)
+        return mask_cpus
+    return None if value is None else parse_pool_var(value)
+
+
 def parse_pool_var(value: str) -> int | None:
     """A pool variable's thread count, or ``None`` when it is not one
-    (OpenMP's nested ``4,2`` counts its first level)."""
-    head = value.split(",")[0].strip()
-    return int(head) if head.isascii() and head.isdigit() and 0 < len(head) <= 6 else None
+    (OpenMP's nested ``4,2`` counts its first level): a whole number above
+    0, with spaces and a ``+`` allowed, as the runtimes read it."""
+    head = value.split(",")[0]
+    n, at = _strtoul(head, 0)
+    if not n or head[at:].strip(_C_SPACE):
+        return None
+    return n
 
 
 def environment_advice(
@@ -346,26 +461,34 @@ def environment_advice(
     """
     env = os.environ if environ is None else environ
     usable = plan.usable_cpus
+    mask = len(plan.mask)
     lines: list[str] = []
-    unset_sizes = {"OMP_NUM_THREADS": len(plan.mask), "PYTHON_CPU_COUNT": host_cpus}
     for name in POOL_VARS:
         value = env.get(name)
         if value is None:
-            seen = unset_sizes.get(name)
+            seen = {"OMP_NUM_THREADS": mask, "PYTHON_CPU_COUNT": host_cpus}.get(name)
             if seen is not None and seen > usable:
                 lines.append(
                     f"{name} unset: {'OpenMP' if name.startswith('OMP') else 'os.cpu_count()'} "
                     f"counts {seen} CPUs, but {usable} {'is' if usable == 1 else 'are'} usable"
                 )
             continue
-        count = parse_pool_var(value)
-        if count is not None and count > usable:
-            lines.append(f"{name}={count}: more threads than the {usable} usable CPU(s)")
+        count = pool_threads(name, env, mask)
+        if count is None or count <= usable:
+            continue
+        if name == "OMP_NUM_THREADS" and omp_num_threads(value) is None:
+            lines.append(
+                f"{name}={_shown(value)}: libgomp refuses it and runs one thread a CPU of "
+                f"the mask, {count}, more than the {usable} usable CPU(s)"
+            )
+        else:
+            lines.append(f"{name}={_shown(value)}: {_threads(count)}, more than the "
+                         f"{usable} usable CPU(s)")  # fmt: skip
     if not lines:
         return lines, {}
     advice = {}
     for name, share in POOL_VARS.items():
-        count = parse_pool_var(env.get(name, ""))
+        count = pool_threads(name, env, mask) if name in env else None
         if count is None or count > usable:
             advice[name] = _size(plan, share)
     return lines, advice

@@ -415,9 +415,10 @@ def _drop_our_pool_vars() -> None:
     """Remove the library pool variables cpupin set (``CPUPIN_POOL_VARS``),
     which vLLM would take for the user's: its children size those pools
     from the CPUs it binds them to."""
-    from .pools import ENV_POOL_VARS
+    from .pools import _ours, _record_ours
 
-    ours = [v for v in os.environ.get(ENV_POOL_VARS, "").split(",") if v in VLLM_SIZED]
+    mine = _ours(os.environ)
+    ours = sorted(mine & set(VLLM_SIZED))
     for name in ours:
         value = os.environ.pop(name, None)
         if value is not None:
@@ -426,8 +427,7 @@ def _drop_our_pool_vars() -> None:
                 "it binds, and would take the value for yours"
             )
     if ours:
-        rest = [v for v in os.environ.get(ENV_POOL_VARS, "").split(",") if v not in VLLM_SIZED]
-        os.environ[ENV_POOL_VARS] = ",".join(rest)
+        _record_ours(os.environ, mine - set(ours))
 
 
 # --- timing the steps ---------------------------------------------------------

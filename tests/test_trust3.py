@@ -21,6 +21,8 @@ import cpupin
 from cpupin import _native, registry
 from cpupin._record import MAX_SIZE, SLOT, compact, decode, fit
 from cpupin._registry_read import _cpus
+from cpupin.cpuplan import CpuPlan
+from cpupin.pools import environment_advice, omp_num_threads, pool_env, pool_threads
 
 from .helpers import in_forked_child, run
 from .test_pools import in_cgroup, quota_cgroup
@@ -652,3 +654,113 @@ def test_a_worker_bound_after_child_env_looks_the_same_from_outside(
         assert "pins released" in inside["reason"] and str(inside["stepper"]) in inside["reason"]
     else:
         assert inside["pins"] == {} and inside["stepper_mask"] == [cpu]
+
+
+# --- pool variables read as the runtimes read them ---------------------------
+
+OMP_VALUES = [
+    "+64", "1000000", "0", "", " ", "-1", "-0", "2x", "1e3", "0x4", "00003", " 3 ", "\t2\n",
+    "4,2", "4, 2", "4,x", "3,0", " +2,+1", "4,", ",4", "9223372036854775807",
+    "9223372036854775808", "18446744073709551616", "1,2,3,4", "+", "1 2",
+]  # fmt: skip
+
+
+def _libgomp():
+    import ctypes.util
+
+    name = ctypes.util.find_library("gomp")
+    if name is None:
+        pytest.skip("no libgomp here (GCC's OpenMP runtime, the oracle)")
+    return name
+
+
+GOMP = """
+import ctypes, sys
+print(ctypes.CDLL(sys.argv[1]).omp_get_max_threads())
+"""
+
+
+def _libgomp_reads(lib, value):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+    env["OMP_NUM_THREADS"] = value
+    out = run([sys.executable, "-c", GOMP, lib], env=env)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout), "Invalid value" in out.stderr
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.one_of(
+        st.sampled_from(OMP_VALUES),
+        st.lists(st.one_of(st.integers(-3, 300).map(str), st.sampled_from(["", " ", "+7", "a"])),
+                 min_size=1, max_size=3).map(",".join),
+        st.text(alphabet=" +-,0123456789x\t", max_size=8),
+    )
+)  # fmt: skip
+def test_omp_num_threads_is_read_as_libgomp_reads_it(value):
+    """The oracle is libgomp itself: ``omp_get_max_threads()`` in a process
+    started with the value. A refused value is one thread a CPU."""
+    if "\x00" in value:
+        return
+    lib = _libgomp()
+    mask = len(os.sched_getaffinity(0))
+    got, refused = _libgomp_reads(lib, value)
+    ours = pool_threads("OMP_NUM_THREADS", {"OMP_NUM_THREADS": value}, mask)
+    if got >= 0 and ours < 1 << 31:  # libgomp's int cuts what is larger
+        assert ours == got, (value, ours, got)
+    assert (omp_num_threads(value) is None) == refused
+
+
+OPENBLAS = """
+import json, numpy, threadpoolctl
+print(json.dumps([i["num_threads"] for i in threadpoolctl.threadpool_info()
+                  if i["internal_api"] == "openblas"]))
+"""
+
+
+@pytest.mark.parametrize("value", ["+64", "1000000", "0", "", "-1", "2x", "1", " 1 "])
+@pytest.mark.parametrize("omp", [None, "1"])
+def test_openblas_num_threads_is_read_as_openblas_reads_it(value, omp):
+    pytest.importorskip("numpy", reason="numpy's OpenBLAS is the oracle")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env["OPENBLAS_NUM_THREADS"] = value
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    out = run([sys.executable, "-c", OPENBLAS], env=env)
+    assert out.returncode == 0, out.stderr
+    (got,) = json.loads(out.stdout)
+    mask = len(os.sched_getaffinity(0))
+    assert pool_threads("OPENBLAS_NUM_THREADS", env, mask) == got
+
+
+@pytest.mark.parametrize("value", ["+64", "1000000", "0", "", "2x", "-1"])
+def test_a_pool_variable_that_oversubscribes_is_named_with_what_the_runtime_makes_of_it(value):
+    """With one usable CPU (a quota) in a mask of two, each of these gives
+    libgomp a team larger than the usable CPUs: the doctor's advice and
+    ``pool_env`` (what ``exec`` warns of) say so."""
+    from cpupin.cgroup import Quota
+
+    plan = CpuPlan(frozenset({0, 1}), quota=Quota(100_000, 100_000, "cpu.max"))
+    assert plan.usable_cpus == 1
+    env = {"OMP_NUM_THREADS": value}
+    lines, advice = environment_advice(plan, 2, env)
+    assert any(line.startswith("OMP_NUM_THREADS=") for line in lines), lines
+    assert advice["OMP_NUM_THREADS"] == 1
+    _, limits = pool_env(plan, env, host_cpus=2)
+    assert "OMP_NUM_THREADS" in limits.oversubscribed
+    assert "oversubscribed" in limits.kept["OMP_NUM_THREADS"]
+
+
+@given(st.text(max_size=40), st.text(max_size=12))
+def test_a_value_the_user_put_in_place_of_cpupins_is_kept(user, recorded):
+    """``CPUPIN_POOL_VARS`` handed down names OMP_NUM_THREADS with the value
+    cpupin set; a different value now in its place is the user's: kept by
+    every later cap."""
+    plan = CpuPlan(frozenset({0, 1, 2, 3}), pinned=frozenset({0, 1}))
+    env = {"OMP_NUM_THREADS": user, "CPUPIN_POOL_VARS": f"OMP_NUM_THREADS={recorded}"}
+    out, limits = pool_env(plan, env, host_cpus=4)
+    if user != recorded:
+        assert out["OMP_NUM_THREADS"] == user and "by the user" in limits.kept["OMP_NUM_THREADS"]
+    else:
+        assert "OMP_NUM_THREADS" not in limits.kept or "by the user" not in limits.kept[
+            "OMP_NUM_THREADS"]  # fmt: skip

@@ -378,7 +378,7 @@ def test_our_pool_variables_are_dropped_where_vllm_sizes_the_pools(monkeypatch):
     vllm_plugin._drop_our_pool_vars()
     assert "OMP_NUM_THREADS" not in os.environ and "MKL_NUM_THREADS" not in os.environ
     assert os.environ["RAYON_NUM_THREADS"] == "1"  # the tokenizers' pool: not vLLM's to size
-    assert os.environ[ENV_POOL_VARS] == "RAYON_NUM_THREADS"
+    assert os.environ[ENV_POOL_VARS] == "RAYON_NUM_THREADS=1"
     assert any("OMP_NUM_THREADS=2 (set by cpupin) removed" in n for n in vllm_plugin._notes)
 
 
@@ -388,6 +388,10 @@ def test_the_users_pool_variables_are_never_dropped(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.delenv(ENV_POOL_VARS, raising=False)
     monkeypatch.setattr(vllm_plugin, "_notes", [])
+    vllm_plugin._drop_our_pool_vars()
+    assert os.environ["OMP_NUM_THREADS"] == "3" and not vllm_plugin._notes
+    # A value the user put in place of cpupin's, under a name handed down.
+    monkeypatch.setenv(ENV_POOL_VARS, "OMP_NUM_THREADS=2")
     vllm_plugin._drop_our_pool_vars()
     assert os.environ["OMP_NUM_THREADS"] == "3" and not vllm_plugin._notes
 
