@@ -764,3 +764,40 @@ def test_a_value_the_user_put_in_place_of_cpupins_is_kept(user, recorded):
     else:
         assert "OMP_NUM_THREADS" not in limits.kept or "by the user" not in limits.kept[
             "OMP_NUM_THREADS"]  # fmt: skip
+
+
+@pytest.mark.parametrize("taken", [1, 2, 4])
+def test_top_json_of_a_process_that_exits_prints_the_samples_it_took(
+    taken, monkeypatch, capsys
+):
+    """``--count`` samples asked, the process exits after ``taken`` of them:
+    the JSON document still prints, with the samples taken and why it
+    stopped, and the command says so and exits 2."""
+    from cpupin.cli import main
+    from cpupin.cli import top as top_module
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    real = top_module.Sampler
+
+    class EndsAfter(real):
+        done = 0
+
+        def stop(self):
+            out = super().stop()
+            EndsAfter.done += 1
+            if EndsAfter.done == taken:
+                child.communicate(b"")  # exits, and is reaped
+            return out
+
+    monkeypatch.setattr(top_module, "Sampler", EndsAfter)
+    try:
+        rc = main(["top", str(child.pid), "--count", "9", "--interval", "0.01", "--json"])
+    finally:
+        child.kill()
+        child.wait()
+    out, err = capsys.readouterr()
+    assert rc == 2
+    got = json.loads(out)
+    assert got["pid"] == child.pid and len(got["samples"]) == taken
+    assert "exited" in got["stopped"] and f"pid {child.pid} exited" in err

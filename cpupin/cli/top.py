@@ -49,10 +49,13 @@ def run(args: argparse.Namespace) -> int:
     args.role = _role_of(args.pid or os.getpid())
     counts = range(args.count) if args.count is not None else itertools.count()
     document: list[dict[str, object]] = []
+    stopped: ProcessLookupError | None = None
     try:
         _samples(args, sampler, counts, document)
     except KeyboardInterrupt:
         pass  # Ctrl-C is how top ends: the samples taken so far still print
+    except ProcessLookupError as exc:
+        stopped = exc  # the process exited: what was taken still prints
     if args.json:
         _args.print_json(
             {
@@ -60,8 +63,11 @@ def run(args: argparse.Namespace) -> int:
                 "role": args.role,
                 "interval_s": args.interval,
                 "samples": document,
+                "stopped": None if stopped is None else str(stopped.strerror or stopped),
             }
         )
+    if stopped is not None:
+        raise stopped  # said on stderr, exit 2, after the samples
     return 0
 
 
