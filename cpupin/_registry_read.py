@@ -106,6 +106,9 @@ class Record:
     """Its step clocks' figures (:func:`cpupin.registry.step_figures`), checked."""
     server: tuple[int, int] | None = None
     """The (pid, start time) of the process that prunes this one's record."""
+    out_of_date: str = ""
+    """Why the record is older than the process's pins (an update it could
+    not write: a full disk, a file size limit); empty while it is current."""
 
     @property
     def live(self) -> bool:
@@ -137,6 +140,7 @@ class Record:
             out["steps"] = [dict(s) for s in self.steps]
             out["server_pid"] = self.server[0] if self.server else None
             out["process_mask"] = sorted(self.process_mask) or None
+            out["out_of_date"] = self.out_of_date or None
             out["pins"] = [
                 {
                     "tid": p.tid,
@@ -429,6 +433,9 @@ def _process(
         steps=tuple(_step_figures(s) for s in steps),
         server=server,
         process_mask=mask,
+        out_of_date=""
+        if record.get("out_of_date") is None
+        else _text(record.get("out_of_date"), "out_of_date", 240),
     )
 
 

@@ -247,9 +247,10 @@ def _write(directory: str | None) -> None:
     if _fd >= 0 and len(data) <= _slot and _room(_slot) and _in_place(where):
         try:
             _write_all(_fd, data.ljust(_slot, b" "), 0)
+            _wrote(listed, len(data))
             return
         except OSError as exc:
-            _warn_once(where, f"cannot write a record there: {exc.strerror}")
+            _failed(where, exc)
             return
     try:
         dir_fd = open_lock_dir(where)
@@ -395,7 +396,7 @@ def _create(dir_fd: int, where: str, data: bytes) -> None:
     except OSError as exc:
         os.close(fd)
         _unlink(dir_fd, tmp)
-        _warn_once(where, f"cannot write a record there: {exc.strerror}")
+        _failed(where, exc)
         return
     names = _names(pid, started)
     if _written is not None and _written[1] in names:
@@ -413,10 +414,48 @@ def _create(dir_fd: int, where: str, data: bytes) -> None:
         _close()
         _written, _fd, _slot = (where, name), fd, slot
         _fd_id = (st.st_dev, st.st_ino)
+        _wrote(_pins, len(data))
         return
     os.close(fd)
     _unlink(dir_fd, tmp)
     _warn_once(where, f"no record: {why}; another user has squatted every name of it")
+
+
+# What the record on disk says (its pins and the rest) and its length: an
+# update that cannot be written marks that record out of date instead.
+_good: tuple[list[Pinned], dict[str, Any], int] | None = None
+
+
+def _wrote(listed: list[Pinned], length: int) -> None:
+    global _good
+    _good = (list(listed), dict(_about), length)
+
+
+def _failed(where: str, exc: OSError) -> None:
+    """An update could not be written (a full disk, a file size limit):
+    rewrite the record on disk as it was, marked out of date with why (in
+    place, within its length and the limit, so that the write cannot be cut
+    short), and warn once, saying what ``ps`` shows."""
+    why = f"cannot write a record there: {exc.strerror}"
+    shown = "no record of this process"
+    if _good is not None and _ours():
+        listed, about, length = _good
+        about = {**about, "out_of_date": printable(f"an update failed: {exc.strerror}", 120)}
+        pins = [_fragment(p) for p in listed]
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        room = _slot if limit == resource.RLIM_INFINITY else min(_slot, limit)
+        data = _assemble(pins, about)
+        while len(data) > room and pins:
+            pins.pop()  # the mark takes room: the last pins make way for it
+            data = _assemble(pins, about)
+        size = max(len(data), length)
+        if size <= room:
+            try:
+                _write_all(_fd, data.ljust(size, b" "), 0)
+                shown = "the record written before, marked out of date"
+            except OSError:
+                pass
+    _warn_once(where, f"{why}; cpupin ps shows {shown}")
 
 
 def _close() -> None:
@@ -485,9 +524,10 @@ def _after_fork_in_child() -> None:
     # The child is another process: its parent's record is not its own (its
     # descriptor goes, without touching the file), and a lock another thread
     # held at the fork would never be released.
-    global _written, _lock, _me, _closed
+    global _written, _lock, _me, _closed, _good
     _close()
     _written = _me = None
+    _good = None
     _closed = False
     _lock = threading.RLock()
     _pins.clear()

@@ -84,14 +84,21 @@ def cpu_lists_are_lists_of_ints(value, key=""):
 
 
 @pytest.mark.parametrize("command", sorted(SECTIONS))
-def test_each_command_prints_the_documented_shape(command, monkeypatch):
+def test_each_command_prints_the_documented_shape(command, monkeypatch, tmp_path):
     if "--matrix" in command or "--cpus 0,1" in command:
         if len(cpupin.process_cpus()) < 2:
             pytest.fail("the handoff examples need two CPUs in the mask")
     monkeypatch.delenv("CPUPIN_STEP_THREAD_CORE", raising=False)
+    # A lock directory of the test's own, whatever /tmp holds, with a live
+    # record in it (this process's pin) for ps and audit to show.
+    monkeypatch.setenv("CPUPIN_LOCK_DIR", str(tmp_path))
+    pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="step")
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        assert main(shlex.split(command)[1:]) == 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            assert main(shlex.split(command)[1:]) == 0
+    finally:
+        pin.release()
     real = json.loads(out.getvalue())
     same_shape(SECTIONS[command], real)
     cpu_lists_are_lists_of_ints(real)

@@ -359,6 +359,7 @@ found = registry.read_registry()
 print(sorted({p.role for p in found.pins_of(os.getpid())}), len(found.pins_of(os.getpid())),
       len(found.ignored))
 print(sorted(n for n in os.listdir(sys.argv[1]) if n.endswith(".tmp")))
+print([r.out_of_date for r in found.records if r.pid == os.getpid()])
 if sys.argv[2] == "grow":
     gate.wait()
 """
@@ -369,10 +370,13 @@ def test_a_short_write_keeps_the_good_record(lock_dir, how):
     """The record is replaced in place while it fits its slot; a write that
     would be cut short (the slot above the file size limit, or a record
     that outgrows its slot on a full disk) goes through a new file, which
-    fails whole: the last good record stays, readable, and nothing is left."""
+    fails whole: the last good record stays, readable, marked out of date
+    with why, and nothing is left; the warning says what ps shows."""
     out = run([sys.executable, "-c", FULL_DISK, str(lock_dir), how.split()[0]])
     assert out.returncode == 0, out.stderr
-    found, tmps = out.stdout.splitlines()
+    found, tmps, stale = out.stdout.splitlines()
+    assert stale == "['an update failed: File too large']", stale
+    assert "cpupin ps shows the record written before, marked out of date" in out.stderr
     roles, pins, ignored = found.rsplit(" ", 2)
     assert tmps == "[]" and ignored == "0"
     if how == "grow":  # as many of the 80 as fit in the slot, then no more

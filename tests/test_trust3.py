@@ -751,7 +751,9 @@ def test_a_pool_variable_that_oversubscribes_is_named_with_what_the_runtime_make
     assert "oversubscribed" in limits.kept["OMP_NUM_THREADS"]
 
 
-@given(st.text(max_size=40), st.text(max_size=12))
+@given(
+    st.one_of(st.text(max_size=40), st.integers(1, 64).map(str)), st.integers(1, 64).map(str)
+)
 def test_a_value_the_user_put_in_place_of_cpupins_is_kept(user, recorded):
     """``CPUPIN_POOL_VARS`` handed down names OMP_NUM_THREADS with the value
     cpupin set; a different value now in its place is the user's: kept by
@@ -767,9 +769,7 @@ def test_a_value_the_user_put_in_place_of_cpupins_is_kept(user, recorded):
 
 
 @pytest.mark.parametrize("taken", [1, 2, 4])
-def test_top_json_of_a_process_that_exits_prints_the_samples_it_took(
-    taken, monkeypatch, capsys
-):
+def test_top_json_of_a_process_that_exits_prints_the_samples_it_took(taken, monkeypatch, capsys):
     """``--count`` samples asked, the process exits after ``taken`` of them:
     the JSON document still prints, with the samples taken and why it
     stopped, and the command says so and exits 2."""

@@ -96,6 +96,11 @@ def _text(data: dict[str, object]) -> None:
     for p in live_procs:
         if p.get("role"):
             print(f"{'':8} {p['pid']:>8}  {printable(p['role'], 32)}")
+        if p.get("out_of_date"):
+            print(
+                f"{'':8} {p['pid']:>8}  record out of date ({printable(p['out_of_date'], 120)}): "
+                "its pins may have changed since"
+            )
         for note in p.get("notes", []):
             print(f"{'':8} {p['pid']:>8}    {printable(note, 240)}")
         for s in p.get("steps", []):
