@@ -18,6 +18,7 @@ past 64 bits is a reason, never a wait or a traceback.
 
 from __future__ import annotations
 
+import io
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -43,6 +44,10 @@ INTERRUPTS_LIMIT = 64 << 20
 _MAX_COUNT = (1 << 64) - 1
 #: The most IRQs listed in a report.
 MAX_LISTED = 64
+#: The most numbered IRQs read of one ``/proc/interrupts`` (hosts have a few
+#: thousand); past it a capture is read no further, and a reason says so, so
+#: that each IRQ's affinity files are never read millions of times.
+MAX_IRQS = 16384
 
 
 @dataclass(frozen=True)
@@ -96,8 +101,8 @@ def parse_interrupts(text: str, reasons: list[str] | None = None) -> Interrupts:
     counters (``NMI``, ``LOC``...) are left out: they cannot move. A row
     that does not parse is left out, with a reason."""
     why = [] if reasons is None else reasons
-    lines = text.splitlines()
-    header = lines[0].split() if lines else []
+    lines = io.StringIO(text)  # a line at a time: never a list of millions
+    header = lines.readline().split()
     cpus = []
     for word in header:
         m = _CPU_HEADER.match(word)
@@ -108,11 +113,17 @@ def parse_interrupts(text: str, reasons: list[str] | None = None) -> Interrupts:
     counts: dict[str, tuple[int, ...]] = {}
     names: dict[str, str] = {}
     bad = 0
-    for line in lines[1:]:
+    for line in lines:
         label, _, rest = line.partition(":")
         label = label.strip()
         if not (label.isascii() and label.isdigit() and len(label) <= 7):
             continue
+        if len(counts) >= MAX_IRQS and label not in counts:
+            why.append(
+                f"proc/interrupts: more than {MAX_IRQS} IRQs; read no further (the first "
+                f"{MAX_IRQS} are shown)"
+            )
+            break
         fields = rest.split()
         values = fields[: len(cpus)]
         if len(values) < len(cpus) or not all(

@@ -551,11 +551,16 @@ def _classes(r: Reader, cores: tuple[Core, ...]) -> tuple[tuple[Core, ...], tupl
     keys = [tuple(level[i] for level in levels) for i in range(len(cores))]
     rank_of = {k: rank for rank, k in enumerate(sorted(set(keys), reverse=True))}
     ranked = tuple(replace(core, rank=rank_of[k]) for core, k in zip(cores, keys))
+    # One pass over the cores (not one a class: a capture with thousands of
+    # classes stays linear).
+    members: dict[tuple[int, ...], list[int]] = {}
+    for i, k in enumerate(keys):
+        members.setdefault(k, []).append(i)
     classes = []
     for level_key, rank in rank_of.items():
-        members = [i for i, k in enumerate(keys) if k == level_key]
-        values = {name: max(column[i] for i in members) for name, column in columns.items()}
-        classes.append(CoreClass(rank, len(members), values))
+        mine = members[level_key]
+        values = {name: max(column[i] for i in mine) for name, column in columns.items()}
+        classes.append(CoreClass(rank, len(mine), values))
     return ranked, tuple(sorted(classes, key=lambda c: c.rank))
 
 

@@ -358,10 +358,13 @@ LAUNCHED = (
 
 @settings(max_examples=20)
 @given(data=st.data())
-def test_an_inherited_process_mask_never_widens_a_launchers_mask(data):
+def test_an_inherited_process_mask_never_widens_a_launchers_mask(data, tmp_path_factory):
     """Whatever CPUPIN_PROCESS_CPUS says and whatever mask taskset gives,
     the process mask is the launcher's mask (the variable applies only when
-    it equals it, or when the mask is a registered pin of the parent's)."""
+    it equals it, or when the mask is a registered pin of the parent's: the
+    child reads an empty lock directory, so that a pin another test left in
+    this process's record does not count)."""
+    empty = tmp_path_factory.mktemp("locks")
     here = sorted(os.sched_getaffinity(0))
     launcher = data.draw(st.sets(st.sampled_from(here), min_size=1))
     inherited = data.draw(st.sets(st.sampled_from(here), min_size=1))
@@ -372,7 +375,11 @@ def test_an_inherited_process_mask_never_widens_a_launchers_mask(data):
         text=True,
         timeout=60,
         check=True,
-        env={**os.environ, "CPUPIN_PROCESS_CPUS": ",".join(map(str, inherited))},
+        env={
+            **os.environ,
+            "CPUPIN_PROCESS_CPUS": ",".join(map(str, inherited)),
+            "CPUPIN_LOCK_DIR": str(empty),
+        },
     )
     recorded, mask = eval(out.stdout)  # noqa: S307 - our own output
     assert recorded == mask == sorted(launcher)

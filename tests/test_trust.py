@@ -375,7 +375,7 @@ def test_a_short_write_keeps_the_good_record(lock_dir, how):
     out = run([sys.executable, "-c", FULL_DISK, str(lock_dir), how.split()[0]])
     assert out.returncode == 0, out.stderr
     found, tmps, stale = out.stdout.splitlines()
-    assert stale == "['an update failed: File too large']", stale
+    assert stale == "['an update failed: File too large']", out.stdout + out.stderr
     assert "cpupin ps shows the record written before, marked out of date" in out.stderr
     roles, pins, ignored = found.rsplit(" ", 2)
     assert tmps == "[]" and ignored == "0"

@@ -801,3 +801,59 @@ def test_top_json_of_a_process_that_exits_prints_the_samples_it_took(taken, monk
     got = json.loads(out)
     assert got["pid"] == child.pid and len(got["samples"]) == taken
     assert "exited" in got["stopped"] and f"pid {child.pid} exited" in err
+
+
+# --- bounded work on hostile captures -------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [20_000, 2_000_000])
+def test_a_huge_proc_interrupts_is_read_to_a_bound_and_says_so(rows):
+    """Millions of IRQ rows (a capture within the read limit): at most
+    MAX_IRQS are kept (each would cost its affinity files), and a reason
+    says where reading stopped."""
+    from cpupin.irqs import MAX_IRQS, parse_interrupts
+
+    text = "           CPU0       CPU1\n" + "".join(
+        f"{i}: 1 2 IR-PCI-MSI eth0-rx-{i}\n" for i in range(rows)
+    )
+    reasons = []
+    got = parse_interrupts(text, reasons)
+    assert len(got.counts) == min(rows, MAX_IRQS)
+    assert got.counts["0"] == (1, 2)
+    assert any("read no further" in r for r in reasons) == (rows > MAX_IRQS)
+
+
+class _Values:
+    """A Reader that answers integer() from a table (path -> value)."""
+
+    def __init__(self, table):
+        self.table = table
+        self.reasons = []
+
+    def integer(self, rel, lo, hi):
+        return self.table.get(rel)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 3)), min_size=1, max_size=300))
+def test_core_classes_group_every_core_once_whatever_their_number(perfs):
+    """The classes of any number of cores and of distinct speeds: each core
+    in exactly one class, the counts add up, and each class's value is the
+    highest of its cores (the oracle: grouping by the cores' own ranks)."""
+    from cpupin.topology import Core, _classes
+
+    cores = tuple(Core((i,)) for i in range(len(perfs)))
+    table = {}
+    for i, (perf, cap) in enumerate(perfs):
+        table[f"sys/devices/system/cpu/cpu{i}/acpi_cppc/highest_perf"] = perf * 100
+        table[f"sys/devices/system/cpu/cpu{i}/cpu_capacity"] = cap * 400
+    ranked, classes = _classes(_Values(table), cores)
+    assert sum(c.cores for c in classes) == len(cores)
+    by_rank = {}
+    for i, core in enumerate(ranked):
+        by_rank.setdefault(core.rank, []).append(i)
+    assert sorted(by_rank) == [c.rank for c in classes]
+    for c in classes:
+        mine = by_rank[c.rank]
+        assert c.cores == len(mine)
+        assert c.values["highest_perf"] == max(perfs[i][0] * 100 for i in mine)
