@@ -751,9 +751,7 @@ def test_a_pool_variable_that_oversubscribes_is_named_with_what_the_runtime_make
     assert "oversubscribed" in limits.kept["OMP_NUM_THREADS"]
 
 
-@given(
-    st.one_of(st.text(max_size=40), st.integers(1, 64).map(str)), st.integers(1, 64).map(str)
-)
+@given(st.one_of(st.text(max_size=40), st.integers(1, 64).map(str)), st.integers(1, 64).map(str))
 def test_a_value_the_user_put_in_place_of_cpupins_is_kept(user, recorded):
     """``CPUPIN_POOL_VARS`` handed down names OMP_NUM_THREADS with the value
     cpupin set; a different value now in its place is the user's: kept by
