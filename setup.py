@@ -20,4 +20,10 @@ class CheckedBuildExt(build_ext):
         super().run()
 
 
-setup(cffi_modules=["csrc/build.py:ffi"], cmdclass={"build_ext": CheckedBuildExt})
+# cffi builds the extension against the stable ABI (_cpupin.abi3.so): the
+# wheel says so, one wheel for every CPython from 3.10 (cp310-abi3).
+setup(
+    cffi_modules=["csrc/build.py:ffi"],
+    cmdclass={"build_ext": CheckedBuildExt},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 
@@ -95,13 +95,21 @@ def timed(cmd: list[str], rounds: int, env: dict[str, str] | None = None) -> flo
     return statistics.median(samples)
 
 
-def start(doc: str, rounds: int = 15, number: int | None = None) -> argparse.Namespace:
-    """A benchmark's arguments (``--rounds``, and ``--number`` calls a round
-    where it takes one), after printing the machine."""
+def start(
+    doc: str,
+    rounds: int = 15,
+    number: int | None = None,
+    extra: Sequence[tuple[str, type, object, str]] = (),
+) -> argparse.Namespace:
+    """A benchmark's arguments (``--rounds``, ``--number`` calls a round
+    where it takes one, and ``extra`` ones: flag, type, default, help),
+    after printing the machine."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=rounds)
     if number is not None:
         parser.add_argument("--number", type=int, default=number, help="calls per round")
+    for flag, kind, default, text in extra:
+        parser.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args()
     print(describe())
     print()

@@ -7,9 +7,11 @@ Cases, each a loop of empty steps (per step, the loop's own cost taken out):
 (wall time only), and two reads of ``/proc/thread-self/schedstat`` with
 ``open().read()`` (what the wait costs without a kept descriptor). As root on
 a host with the cgroup cpu controller, the clock again inside a cgroup with a
-quota, where each end also reads ``cpu.stat``.
+quota, where each end also reads ``cpu.stat``: only with ``--quota N``,
+which makes that cgroup (``cpupin-bench-*`` under the cpu controller's
+mount, removed after); without it no cgroup is made.
 
-    python bench/stepclock.py [--rounds 15] [--number 20000]
+    python bench/stepclock.py [--rounds 15] [--number 20000] [--quota 1.5]
 """
 
 from __future__ import annotations
@@ -92,15 +94,27 @@ def show(title: str, got: dict[str, float]) -> None:
 
 
 def main() -> None:
-    args = start(__doc__ or "", rounds=15, number=20000)
+    args = start(
+        __doc__ or "",
+        rounds=15,
+        number=20000,
+        extra=[("--quota", float, None, "also in a cgroup with a quota of N CPUs, made here")],
+    )
     got, source = measure(args)
     show(f"no quota (cpu.stat {'read' if source else 'not read'}): medians of {args.rounds}", got)
-    with quota_cgroup(1.5) as made:
+    if args.quota is None:
+        print("with a quota: not measured (--quota N makes a cgroup for it)")
+        return
+    with quota_cgroup(args.quota) as made:
         if made is None:
             print("with a quota: not measured (needs root and the cgroup cpu controller)")
             return
+        print(f"cgroup      {made[0]} ({made[1]}), made for this run")
         got, source = measure(args, enter_cgroup(made[0]))
-    show(f"in a cgroup with a 1.5-CPU quota (reads {source}): medians of {args.rounds}", got)
+    show(
+        f"in a cgroup with a {args.quota:g}-CPU quota (reads {source}): medians of {args.rounds}",
+        got,
+    )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ schedstat) and, where the plugin times steps, the step wait p99.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -323,7 +324,9 @@ def main() -> int:
         for quota in settings:
             name = "unconstrained" if quota is None else f"quota of {quota:g} CPU(s)"
             samples: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
-            with quota_cgroup(quota or 1) as cg:
+            # A cgroup is made only for a quota asked for (--quota).
+            made = quota_cgroup(quota) if quota is not None else contextlib.nullcontext(None)
+            with made as cg:
                 if quota is not None and cg is None:
                     print(f"{name}: skipped (needs root and a cgroup cpu controller)")
                     continue

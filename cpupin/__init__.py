@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from .sampling import Sampler, ThreadSample, sample_threads
     from .server import ServerPlan, child_env, plan_server, resolve_devices
     from .stepclock import Step, StepClock
-    from .threads import ThreadPool
+    from .threads import Queue, ThreadPool
     from .topology import (
         Core,
         CoreClass,
@@ -108,6 +108,7 @@ _LAZY: dict[str, str] = {
     "Step": "stepclock",
     "StepClock": "stepclock",
     "ThreadPool": "threads",
+    "Queue": "threads",
     "ThreadSample": "sampling",
     "ThreadStat": "_native",
     "UnsupportedPlatform": "errors",
@@ -263,6 +264,7 @@ __all__ = [
     "Thread",
     "ThreadInfo",
     "ThreadPool",
+    "Queue",
     "Sampler",
     "ThreadSample",
     "WorkerPlacement",

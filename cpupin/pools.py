@@ -20,7 +20,13 @@ from ._sysfs import Reader
 from .cgroup import read_cgroup
 from .cpuplan import CpuPlan
 from .errors import excerpt
-from .process import process_cpus, process_mask_of, registry_of, thread_masks
+from .process import (
+    own_pinned_cpus,
+    process_cpus,
+    process_mask_of,
+    registry_of,
+    thread_masks,
+)
 
 __all__ = [
     "ENV_POOL_VARS",
@@ -106,9 +112,7 @@ def cpu_plan(
 
 def _pinned_of(pid: int | None) -> frozenset[int]:
     if pid is None:
-        from .threads import pinned_threads
-
-        return frozenset().union(*pinned_threads().values())
+        return own_pinned_cpus()
     return frozenset().union(*(p.cpus for p in registry_of(pid, None).pins_of(pid)))
 
 
@@ -272,6 +276,11 @@ def pool_env(
     return env, limits
 
 
+# Whether limit_pools() capped this process's own pools (a later plan that
+# pins CPUs lowers them again).
+_limited_here = False
+
+
 def limit_pools(
     plan: CpuPlan | None = None,
     *,
@@ -287,10 +296,15 @@ def limit_pools(
 
     Sizes follow ``plan``'s shares (default: :func:`cpu_plan`). Nothing is
     ever raised: a pool already smaller, and any variable the user set, are
-    kept, and the result says why.
+    kept, and the result says why. The order does not matter: a
+    :func:`~cpupin.plan_server` that pins CPUs afterwards lowers these pools
+    again to what its plan leaves.
     """
+    global _limited_here
     plan = plan or cpu_plan()
     env: MutableMapping[str, str] = os.environ if environ is None else environ
+    if environ is None:
+        _limited_here = True
     # What libraries loaded later, and children, count unset: this
     # process's mask, which may be wider than the plan's.
     new_env, limits = pool_env(plan, env, mask_cpus=len(plan.mask | process_cpus()))
@@ -448,7 +462,10 @@ def parse_pool_var(value: str) -> int | None:
 
 
 def environment_advice(
-    plan: CpuPlan, host_cpus: int, environ: Mapping[str, str] | None = None
+    plan: CpuPlan,
+    host_cpus: int,
+    environ: Mapping[str, str] | None = None,
+    python: tuple[int, int] | None = None,
 ) -> tuple[list[str], dict[str, int]]:
     """What the pool variables of ``environ`` give a process started under
     it with ``plan`` on a host of ``host_cpus`` online CPUs: a line for each
@@ -458,8 +475,12 @@ def environment_advice(
     Unset, OpenMP sizes its pool from the affinity mask (not the quota, not
     the pinned CPUs) and Python's ``os.cpu_count()`` counts the host; a
     value above the usable CPUs oversubscribes whatever reads it.
+    ``PYTHON_CPU_COUNT`` is read only from Python 3.13 (``python``, default
+    the running one): before that it is never advised, and the line on
+    ``os.cpu_count()`` says what works there instead.
     """
     env = os.environ if environ is None else environ
+    reads_cpu_count = (python or sys.version_info[:2]) >= (3, 13)
     usable = plan.usable_cpus
     mask = len(plan.mask)
     lines: list[str] = []
@@ -467,11 +488,20 @@ def environment_advice(
         value = env.get(name)
         if value is None:
             seen = {"OMP_NUM_THREADS": mask, "PYTHON_CPU_COUNT": host_cpus}.get(name)
-            if seen is not None and seen > usable:
+            are = "is" if usable == 1 else "are"
+            if seen is None or seen <= usable:
+                continue
+            if name == "PYTHON_CPU_COUNT" and not reads_cpu_count:
                 lines.append(
-                    f"{name} unset: {'OpenMP' if name.startswith('OMP') else 'os.cpu_count()'} "
-                    f"counts {seen} CPUs, but {usable} {'is' if usable == 1 else 'are'} usable"
+                    f"os.cpu_count() counts {seen} CPUs, but {usable} {are} usable; this "
+                    "Python (before 3.13) does not read PYTHON_CPU_COUNT: size pools from "
+                    "cpupin.usable_cpus(), or use cpupin.ThreadPool"
                 )
+                continue
+            lines.append(
+                f"{name} unset: {'OpenMP' if name.startswith('OMP') else 'os.cpu_count()'} "
+                f"counts {seen} CPUs, but {usable} {are} usable"
+            )
             continue
         count = pool_threads(name, env, mask)
         if count is None or count <= usable:
@@ -488,6 +518,8 @@ def environment_advice(
         return lines, {}
     advice = {}
     for name, share in POOL_VARS.items():
+        if name == "PYTHON_CPU_COUNT" and not reads_cpu_count:
+            continue  # not a fix on this Python
         count = pool_threads(name, env, mask) if name in env else None
         if count is None or count > usable:
             advice[name] = _size(plan, share)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _native
@@ -102,6 +102,17 @@ def _inherit() -> frozenset[int] | None:
 
 
 _process_cpus: frozenset[int] | None = _inherit() or _record()
+
+
+# This process's registered pins (tid to CPUs): cpupin.threads, which keeps
+# them, installs its reader here, so that the modules that size pools read
+# them without importing it (it imports them).
+_own_pins: Callable[[], Mapping[int, frozenset[int]]] = dict
+
+
+def own_pinned_cpus() -> frozenset[int]:
+    """The CPUs this process's registered pins hold."""
+    return frozenset().union(*_own_pins().values())
 
 
 def process_cpus() -> frozenset[int]:

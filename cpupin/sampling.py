@@ -349,7 +349,9 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
                         "stall": s.stall if s else None,
                     }
                 )
-            cores = frozenset().union(*(p.cpus for p in record.pins))
+            # As top tells them: a thread on the process mask is not an
+            # interloper even where the plan pins every CPU of it; one
+            # narrowed onto pinned CPUs without a registered pin is.
             interlopers = [
                 {
                     "tid": s.tid,
@@ -358,7 +360,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
                     "mask_list": format_cpulist(s.mask),
                 }
                 for s in got
-                if s.tid not in pinned and s.mask <= cores
+                if s.tid not in pinned and s.state == "interloper"
             ]
             entry.update(threads=threads, interlopers=interlopers)
         elif record.live:

@@ -296,7 +296,23 @@ def plan_server(
         if not placement.pinned:
             log.warning("cpupin auto: %s", placement.reason)
     cpu_plan = CpuPlan.for_host(host, allowed, placement.cpus)
+    if os.fspath(root) == "/":  # this process's own plan, not a tree's
+        _relimit(cpu_plan, placement)
     return ServerPlan(placement, claim, cpu_plan, host)
+
+
+def _relimit(cpu_plan: CpuPlan, placement: Placement) -> None:
+    """Where this process capped its pools before planning (the README's
+    one-process recipe calls limit_pools() first), lower them to what the
+    plan leaves beside the CPUs it pins: the order of the two calls does
+    not matter."""
+    from . import pools
+
+    if not pools._limited_here or not placement.pinned:
+        return
+    limits = pools.limit_pools(cpu_plan)
+    if limits.set:
+        log.info("cpupin: pools lowered to what the plan leaves: %s", limits)
 
 
 def _write_record(claim: Claim, placement: Placement, mask: frozenset[int]) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _native, registry
+from . import process as _process_module
 from .cpulist import cpus_phrase, format_cpulist
 from .errors import excerpt
 from .process import process_cpus, set_process_cpus, start_time, thread_masks
@@ -32,6 +33,7 @@ __all__ = [
     "Pin",
     "Thread",
     "ThreadInfo",
+    "Queue",
     "ThreadPool",
     "pin_current_thread",
     "pin_step_thread",
@@ -258,7 +260,11 @@ def _define_thread_pool() -> type:
 
         Same signature; a user ``initializer`` still runs in each worker (after
         the move), and one that fails breaks the pool as in the standard library
-        (``BrokenThreadPool``).
+        (``BrokenThreadPool``). Without ``max_workers`` it has one worker a
+        usable CPU (:func:`cpupin.usable_cpus`: the mask, the quota, less
+        the pinned CPUs), not the standard library's ``os.cpu_count() + 4``,
+        which counts the host: the census would call that pool sized from
+        the host. Pass ``max_workers`` for a pool that mostly waits (I/O).
         """
 
         def __init__(
@@ -271,6 +277,13 @@ def _define_thread_pool() -> type:
         ) -> None:
             if initializer is not None and not callable(initializer):
                 raise TypeError("initializer must be a callable")
+            if max_workers is None:
+                from .pools import usable_cpus
+
+                try:
+                    max_workers = max(1, usable_cpus())
+                except OSError:  # no affinity here: the standard library's count
+                    max_workers = None
             super().__init__(
                 max_workers, thread_name_prefix, _Initializer(initializer), initargs, **kwargs
             )
@@ -278,6 +291,49 @@ def _define_thread_pool() -> type:
     ThreadPool.__module__ = __name__
     ThreadPool.__qualname__ = "ThreadPool"
     return ThreadPool
+
+
+def _define_feeder_queue() -> type:
+    import multiprocessing.queues
+
+    class FeederQueue(multiprocessing.queues.Queue):  # type: ignore[type-arg]
+        """A ``multiprocessing.Queue`` whose feeder thread runs on the
+        process mask (see :func:`Queue`)."""
+
+        def _start_thread(self) -> None:
+            super()._start_thread()  # type: ignore[misc]
+            feeder = getattr(self, "_thread", None)
+            tid = getattr(feeder, "native_id", None)
+            if tid:
+                try:
+                    _native.set_affinity(process_cpus(), tid)
+                except (OSError, ValueError):
+                    pass  # it ended already, or the mask went offline: left as it was
+
+    FeederQueue.__module__ = __name__
+    FeederQueue.__qualname__ = "FeederQueue"
+    return FeederQueue
+
+
+def Queue(maxsize: int = 0, *, ctx: Any = None) -> Any:  # noqa: N802 - as multiprocessing's
+    """A ``multiprocessing.Queue`` (of ``ctx``, default the default context)
+    whose feeder thread runs on the process mask.
+
+    The standard queue starts its feeder thread at the first ``put()``, from
+    the thread that puts, and a pinned step thread usually does: the feeder
+    then inherits the pin and competes with the step on its core (a stray
+    the census finds). Here the feeder is moved to the process mask as it
+    starts. The queue passes to child processes as the standard one does."""
+    import multiprocessing
+
+    return _feeder_queue_class()(maxsize, ctx=ctx or multiprocessing.get_context())
+
+
+def _feeder_queue_class() -> type:
+    cls = globals().get("FeederQueue")
+    if cls is None:
+        cls = globals()["FeederQueue"] = _define_feeder_queue()
+    return cls
 
 
 if TYPE_CHECKING:
@@ -288,6 +344,8 @@ else:
         if name == "ThreadPool":
             pool = globals()["ThreadPool"] = _define_thread_pool()
             return pool
+        if name == "FeederQueue":  # a queue unpickled in a child names its class
+            return _feeder_queue_class()
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -578,6 +636,9 @@ def pinned_threads() -> dict[int, frozenset[int]]:
     """The registered pins: tid to CPUs."""
     with _pins_lock:
         return {tid: cpus for tid, (cpus, _, _, _) in list(_pins.items())}
+
+
+_process_module._own_pins = pinned_threads  # what pools and plans read of the pins
 
 
 def _drop_pins(tids: Iterable[int]) -> None:

@@ -629,3 +629,46 @@ def test_the_readmes_bound_python_recipe_runs_without_path(tmp_path):
     for index, mode, cpus, device in workers:
         assert device == str(index) and mode == 1 and cpus  # bound: preferred policy, mask passed
     assert tracker_bound is False
+
+
+def test_the_readmes_torchrun_line_for_a_host_without_gpus_runs_as_written(tmp_path):
+    """The README's second torchrun line, run as written by the real
+    torchrun (train.py a script that says where each rank runs)."""
+    import re
+    import shlex
+
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun comes with torch (pip install torch==2.13.0)")
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    (line,) = [m for m in re.findall(r"^torchrun .*$", readme, re.MULTILINE) if "--node 0" in m]
+    (tmp_path / "train.py").write_text(
+        "import json, os\n"
+        "print(json.dumps([os.environ['LOCAL_RANK'], sorted(os.sched_getaffinity(0)), "
+        "os.environ.get('CPUPIN_PROCESS_CPUS')]), flush=True)\n"
+    )
+    out = subprocess.run(
+        shlex.split(line), cwd=tmp_path, env=venv_env(), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    ranks = sorted(json.loads(x) for x in out.stdout.splitlines() if x.startswith("["))
+    from cpupin.process import process_cpus
+    from cpupin.topology import read_host
+
+    node0 = sorted(read_host("/").nodes[0].cpus & process_cpus())
+    assert [r[0] for r in ranks] == ["0", "1"]
+    assert all(r[1] == node0 and r[2] for r in ranks)
+
+
+def test_exec_without_a_target_suggests_one_that_works_on_this_host(capsys):
+    assert main(["exec", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    from cpupin.topology import read_host
+
+    if read_host("/").gpus:
+        assert "cpupin exec --local-rank" in err
+    else:
+        assert "cpupin exec --node 0 -- python serve.py (this host has no GPU)" in err
+    assert main(["exec", "--host", "dgx-h100", "--dry-run", "--", "true"]) == 2
+    assert "cpupin exec --local-rank" in capsys.readouterr().err

@@ -2,10 +2,13 @@
 what is missing; the sdist carries what the build needs (CI builds the sdist
 and the wheel, and runs a smoke test of the wheel outside the checkout)."""
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "csrc"))
@@ -53,3 +56,74 @@ def test_setup_py_build_ext_without_a_compiler_ends_with_that_sentence(tmp_path)
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("cpupin cannot build its native layer: it needs a C compiler")
     assert "Traceback" not in out.stderr
+
+
+def _other_pythons():
+    """CPython interpreters of another minor version than this one, where
+    pyenv or Debian has them."""
+    import glob
+    import shutil
+
+    found = {}
+    for path in [*glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin/python3")),
+                 *(shutil.which(f"python3.{m}") or "" for m in range(10, 15))]:  # fmt: skip
+        if not path or not os.path.exists(path):
+            continue
+        out = subprocess.run([path, "-c", "import sys; print(*sys.version_info[:2])"],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+        if out.returncode != 0:
+            continue
+        version = tuple(int(x) for x in out.stdout.split())
+        if version >= (3, 10) and version != tuple(sys.version_info[:2]):
+            found.setdefault(version, path)
+    return [found[v] for v in sorted(found)]
+
+
+def test_one_abi3_wheel_installs_and_runs_on_another_python(tmp_path):
+    """The wheel is tagged cp310-abi3 (its extension is built against the
+    stable ABI), and the same file installs and pins on another CPython."""
+    others = _other_pythons()
+    if not others:
+        pytest.skip("no other CPython 3.10+ here (pyenv or Debian's python3.x)")
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("cpupin-*.whl")
+    assert "-cp310-abi3-" in wheel.name, wheel.name
+    other = others[-1]
+    venv = tmp_path / "venv"
+    subprocess.run([other, "-m", "venv", str(venv)], check=True)
+    pip = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", str(wheel)],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    code = (
+        "import sys, cpupin; cpus = cpupin.process_cpus(); "
+        "pin = cpupin.pin_current_thread({min(cpus)}); "
+        "assert cpupin.get_affinity() == {min(cpus)}; print(sys.version_info[:2])"
+    )
+    ran = subprocess.run([str(venv / "bin/python"), "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, check=False)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip() != str(sys.version_info[:2])
+
+
+def test_the_sdist_ships_what_messages_point_to_and_tests_that_run(tmp_path):
+    """The sdist carries examples/ and bench/ (the doctor names files there)
+    and the tests whole (conftest, helpers, the captured hosts), so an
+    unpacked sdist's tests collect."""
+    import tarfile
+
+    out = subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    (sdist,) = tmp_path.glob("cpupin-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    for needed in ("examples/runtime.py", "bench/runtime.py", "tests/conftest.py",
+                   "tests/helpers.py", "tests/data/hwloc", "csrc/cpupin.c"):  # fmt: skip
+        assert any(n == needed or n.startswith(needed + "/") for n in names), needed
+    assert not any("__pycache__" in n or n.endswith(".so") for n in names)

@@ -129,12 +129,17 @@ def test_plan_on_a_host_without_gpus_suggests_a_command_that_works(tmp_path, cor
     """The suggestion is run as given and must plan, or say why none can."""
     spec = replace(HOSTS["h100-vm"], gpus=(), cores_per_node=cores, threads=1)
     root = build_tree(spec, tmp_path)
+    # The default setting is off: nothing is pinned, no error, and the same
+    # suggestion; auto is an error that makes it too.
     out = run([sys.executable, "-m", "cpupin", "plan", "--root", root])
-    assert out.returncode == 2 and "has no GPU" in out.stderr
+    assert out.returncode == 0 and "has no GPU" in out.stdout
+    auto = run([sys.executable, "-m", "cpupin", "plan", "--root", root, "--setting", "auto"])
+    assert auto.returncode == 2 and "has no GPU" in auto.stderr
     if cores == 1:
-        assert "widen the mask" in out.stderr
+        assert "widen the mask" in out.stdout and "widen the mask" in auto.stderr
         return
-    suggested = re.search(r"as in (cpupin plan [^(]+?) \(", out.stderr).group(1)
+    suggested = re.search(r"as in (cpupin plan [^(]+?) \(", out.stdout).group(1)
+    assert suggested in auto.stderr
     again = run([sys.executable, "-m", *shlex.split(suggested), "--root", root])
     assert again.returncode == 0, again.stderr
     assert "step 0 on" in again.stdout

@@ -269,12 +269,12 @@ def test_pool_env_sets_a_variable_only_where_it_narrows_what_its_readers_count(m
 
 def test_environment_advice_names_the_unset_variables_that_count_the_host():
     plan = CpuPlan(frozenset(range(8)), pinned=frozenset({0, 1}))
-    problems, advice = environment_advice(plan, 64, {})
+    problems, advice = environment_advice(plan, 64, {}, python=(3, 13))
     assert any(p.startswith("OMP_NUM_THREADS unset: OpenMP counts 8") for p in problems)
     assert any(p.startswith("PYTHON_CPU_COUNT unset: os.cpu_count() counts 64") for p in problems)
     assert advice["OMP_NUM_THREADS"] == 6
     fine = {k: "1" for k in POOL_VARS}
-    assert environment_advice(plan, 64, fine) == ([], {})
+    assert environment_advice(plan, 64, fine, python=(3, 13)) == ([], {})
 
 
 # --- a real quota ------------------------------------------------------------

@@ -2,6 +2,7 @@
 real threads on this machine's CPUs."""
 
 import gc
+import json
 import os
 import re
 import subprocess
@@ -518,7 +519,10 @@ def test_cpython_thread_pool_tests_pass_with_cpupin_threadpool():
         "test_interpreter_shutdown",
         "test_submit_after_interpreter_shutdown",
     }
-    assert failed <= fresh_interpreter, err
+    # The one deliberate difference: without max_workers, cpupin's pool has a
+    # worker a usable CPU, not os.cpu_count() + 4 (which counts the host).
+    deliberate = {"test_default_workers"}
+    assert failed <= fresh_interpreter | deliberate, err
 
 
 def test_threadpool_refuses_an_initializer_that_is_not_callable():
@@ -623,3 +627,80 @@ def test_pins_name_the_thread_when_asked_and_never_the_main_thread_by_default():
     assert proc_comm(os.getpid()) == before
     with pytest.raises(ValueError, match="thread name"):
         cpupin.pin_current_thread(cpupin.process_cpus(), name="")
+
+
+DEFAULT_POOL = """
+import json, os, cpupin
+with cpupin.ThreadPool() as pool:
+    default = pool._max_workers
+with cpupin.ThreadPool(7) as pool:
+    given = pool._max_workers
+print(json.dumps([default, given, cpupin.usable_cpus()]))
+"""
+
+
+def test_the_drop_in_pools_default_follows_the_usable_cpus_not_the_host():
+    """In a real 1-CPU quota on this machine's CPUs, and outside it: the
+    default is the usable CPUs (the census then calls the pool fitting);
+    max_workers still wins."""
+    from .test_pools import in_cgroup, quota_cgroup
+
+    out = subprocess.run([sys.executable, "-c", DEFAULT_POOL], capture_output=True, text=True,
+                         timeout=60, check=True)  # fmt: skip
+    default, given, usable = json.loads(out.stdout)
+    assert default == usable == len(os.sched_getaffinity(0)) and given == 7
+    with quota_cgroup(100_000) as (path, _):
+        inside = subprocess.run(
+            [sys.executable, "-c", DEFAULT_POOL], capture_output=True, text=True, timeout=60,
+            check=True, preexec_fn=in_cgroup(path),
+        )  # fmt: skip
+    default, given, usable = json.loads(inside.stdout)
+    assert default == usable == 1 and given == 7
+
+
+FEEDER = """
+import json, multiprocessing as mp, os, sys, threading
+import cpupin
+
+def child(q):
+    q.put(("from the child", sorted(os.sched_getaffinity(0))))
+
+if __name__ == "__main__":
+    which = sys.argv[1]
+    ctx = mp.get_context(sys.argv[2])
+    first = min(cpupin.process_cpus())
+    pin = cpupin.pin_current_thread({first}, role="step")
+    q = cpupin.Queue(ctx=ctx) if which == "cpupin" else ctx.Queue()
+    before = {t.native_id for t in threading.enumerate()}
+    q.put(1)  # the feeder starts here, from the pinned thread
+    feeder = next(t for t in threading.enumerate() if t.native_id not in before)
+    mask = sorted(os.sched_getaffinity(feeder.native_id))
+    assert q.get(timeout=30) == 1
+    p = ctx.Process(target=child, args=(q,)); p.start()
+    got = q.get(timeout=60); p.join()
+    strays = [t.tid for t in cpupin.stray_threads()]
+    print(json.dumps({"feeder": mask, "process": sorted(cpupin.process_cpus()), "child": got,
+                      "stray": feeder.native_id in strays}))
+"""
+
+
+@pytest.mark.parametrize("which", ["cpupin", "multiprocessing"])
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_queue_feeder_started_from_a_pinned_thread_runs_on_the_process_mask(
+    which, method, two_cpus, tmp_path
+):
+    """A real multiprocessing.Queue put to from a pinned step thread: the
+    standard one's feeder inherits the pin (a stray); cpupin.Queue's runs on
+    the process mask (the oracle: the kernel's mask of the feeder's tid),
+    and the queue still crosses to a child."""
+    script = tmp_path / "feeder.py"  # spawn re-imports the main module: a file
+    script.write_text(FEEDER)
+    out = subprocess.run([sys.executable, str(script), which, method], capture_output=True,
+                         text=True, timeout=120, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["child"][0] == "from the child"
+    if which == "cpupin":
+        assert got["feeder"] == got["process"] and not got["stray"]
+    else:
+        assert got["feeder"] == [two_cpus[0]] and got["stray"]

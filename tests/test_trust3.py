@@ -855,3 +855,145 @@ def test_core_classes_group_every_core_once_whatever_their_number(perfs):
         mine = by_rank[c.rank]
         assert c.cores == len(mine)
         assert c.values["highest_perf"] == max(perfs[i][0] * 100 for i in mine)
+
+
+EVERY_CPU_PINNED = r"""
+import json, os, sys, threading
+import cpupin
+first, second = sorted(cpupin.process_cpus())[:2]
+stop = threading.Event()
+tids = {}
+def pinned(cpu, role):
+    cpupin.pin_current_thread({cpu}, role=role)
+    tids[role] = threading.get_native_id()
+    stop.wait()
+def narrowed():
+    os.sched_setaffinity(0, {first})  # onto a pinned CPU, not registered: the stray
+    tids["stray"] = threading.get_native_id()
+    stop.wait()
+def plain():
+    tids.setdefault("plain", []).append(threading.get_native_id())
+    stop.wait()
+threads = [cpupin.Thread(target=pinned, args=(first, "step")),
+           cpupin.Thread(target=pinned, args=(second, "result")),
+           threading.Thread(target=narrowed)]
+threads += [cpupin.Thread(target=plain) for _ in range(4)]  # a pool, on the process mask
+for t in threads: t.start()
+while len(tids) < 4 or len(tids.get("plain", [])) < 4:
+    pass
+print(json.dumps(tids), flush=True)
+sys.stdin.readline()
+stop.set()
+"""
+
+
+def test_ps_flags_only_the_thread_narrowed_onto_a_pinned_cpu(two_cpus, lock_dir):
+    """A plan that pins every CPU of the mask (step on one, result on the
+    other): the main thread and a pool on the process mask are not
+    interlopers; the one thread narrowed onto a pinned CPU without a
+    registered pin is, and ps names it alone."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", EVERY_CPU_PINNED], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir)},
+    )  # fmt: skip
+    try:
+        tids = json.loads(child.stdout.readline())
+        out = run([sys.executable, "-m", "cpupin", "ps", "--json", "--interval", "0.05"])
+    finally:
+        child.communicate("\n", timeout=60)
+    assert out.returncode == 0, out.stderr
+    (proc,) = [p for p in json.loads(out.stdout)["processes"] if p["pid"] == child.pid]
+    assert [t["tid"] for t in proc["interlopers"]] == [tids["stray"]]
+
+
+@pytest.mark.parametrize("python", [(3, 10), (3, 11), (3, 12), (3, 13), (3, 14)])
+def test_the_doctor_advises_python_cpu_count_only_where_python_reads_it(python):
+    from cpupin.cgroup import Quota
+
+    plan = CpuPlan(frozenset({0, 1}), quota=Quota(100_000, 100_000, "cpu.max"))
+    lines, advice = environment_advice(plan, 2, {}, python=python)
+    text = " ".join(lines)
+    if python >= (3, 13):
+        assert advice["PYTHON_CPU_COUNT"] == 1 and "PYTHON_CPU_COUNT unset" in text
+    else:
+        assert "PYTHON_CPU_COUNT" not in advice and "does not read PYTHON_CPU_COUNT" in text
+    assert advice["OMP_NUM_THREADS"] == 1  # a fix on every version
+
+
+@pytest.mark.parametrize("setting", ["off", "auto", "3"])
+def test_plan_off_on_a_host_without_a_gpu_is_not_an_error(setting, capsys, tmp_path):
+    """On a GPU-less host's tree: the user asked for off, and nothing is
+    pinned, which is no error; auto (or a CPU) with nothing to place by
+    is, and each says how to see a placement."""
+    import dataclasses
+
+    from cpupin.cli import main
+    from cpupin.hosts import HOSTS, build_tree
+
+    root = build_tree(dataclasses.replace(HOSTS["h100-vm"], gpus=()), tmp_path / "t")
+    rc = main(["plan", "--root", str(root), "--setting", setting])
+    out, err = capsys.readouterr()
+    if setting == "off":
+        assert rc == 0 and "nothing is pinned" in out and "cpupin plan --setting" in out
+    else:
+        assert rc == 2 and f"so {setting} has no device to place by" in err
+        assert "cpupin plan --setting" in err
+
+
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        ([], ["examples:", "exit codes:", "cpupin exec --node 0 -- CMD"]),
+        (["threads"], ["census", "oversubscribed", "sized from the host"]),
+        (["top"], ["'quota'", "'contention'", "stalled"]),
+        (["ps"], ["Only processes with a record", "cpupin threads PID"]),
+        (["doctor"], ["reads the cgroup", "--pid", "three times"]),
+        (["exec"], ["Name one target", "torchrun -- cpupin exec --node 0"]),
+    ],
+)
+def test_each_help_says_what_a_newcomer_needs(command, words):
+    out = run([sys.executable, "-m", "cpupin", *command, "--help"])
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())  # argparse wraps lines
+    for word in words:
+        assert word in text, (word, out.stdout)
+
+
+ONE_PROCESS = r"""
+import json, os, sys
+import torch, cpupin
+order = sys.argv[1]
+if order == "limit first":
+    cpupin.limit_pools()
+plan = cpupin.plan_server(0, ["w0"], lock_dir=sys.argv[2])
+if order == "plan first":
+    cpupin.limit_pools(plan.cpu_plan)
+print(json.dumps({"torch": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+                  "usable": plan.cpu_plan.usable_cpus, "pinned": sorted(plan.placement.cpus)}))
+"""
+
+
+@pytest.mark.parametrize("order", ["limit first", "plan first"])
+def test_a_one_process_runtime_gets_the_same_pools_in_either_order(order, two_cpus, tmp_path):
+    """limit_pools() then a plan that pins both CPUs (step and result), or
+    the plan then limit_pools(plan.cpu_plan): torch ends with the plan's
+    pool size either way (the oracle: torch's own count)."""
+    pytest.importorskip("torch", reason="torch's pool is the one a runtime steps with")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env.pop("CPUPIN_POOL_VARS", None)
+    env.pop("CPUPIN_STEP_THREAD_CORE", None)
+    out = run([sys.executable, "-c", ONE_PROCESS, order, str(tmp_path)], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["pinned"] == two_cpus and got["usable"] == 1
+    assert got["torch"] == 1 and got["omp"] == "1"
+
+
+@pytest.mark.parametrize("how", [["--node", "0"], ["--cpus", "0"]])
+def test_exec_leaves_no_record_behind(how, lock_dir):
+    """cpupin exec binds, then becomes the command: a record it wrote (the
+    new process mask) would outlive it, a stale file a run."""
+    out = run([sys.executable, "-m", "cpupin", "exec", *how, "--", sys.executable, "-c",
+               "import os; print(os.getpid())"])  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert [n for n in os.listdir(lock_dir) if n.startswith("cpupin-")] == []

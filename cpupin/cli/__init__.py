@@ -46,11 +46,29 @@ MODULE_OF = {
 }
 
 
+EPILOG = """\
+examples:
+  cpupin doctor                     whether pinning pays here, and the pools a process gets
+  cpupin threads PID                a process's threads, their wait, and its pools' census
+  cpupin top PID                    live: CPU and run-queue wait a second, each stall named
+  cpupin ps                         every registered process on this host, and its pins
+  cpupin exec --node 0 -- CMD       run CMD on node 0's CPUs and memory, pools sized
+  cpupin plan --host dgx-h100       where a server's threads would go on a shipped host
+
+exit codes:
+  0  done; 1  a fault of cpupin's own (please report it); 2  bad input, or the
+  process asked about is gone; 3  audit --fail-on-narrow found a narrower
+  thread; 126, 127  exec's command could not run, or was not found
+"""
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or of subcommand ``only`` alone."""
     parser = argparse.ArgumentParser(
         prog="cpupin",
         description="Pin the threads of a GPU model-serving runtime to the right CPUs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"cpupin {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -34,7 +34,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Bind to a GPU's NUMA node (CPUs within the process mask, memory policy "
         "where the kernel allows), set CPUPIN_PROCESS_CPUS, and exec the command: "
         "numactl --cpunodebind=N --preferred=N chosen from the GPU, respecting the launcher's "
-        "CPU set. Exits 127 when the command is not found, 126 when it cannot run.",
+        "CPU set. Name one target: --gpu, --device, --local-rank or --node (on a host "
+        "without GPUs, --node), or give --cpus a CPU list. Under torchrun, put -- before "
+        "cpupin (torchrun -- cpupin exec --node 0 -- CMD): torchrun's own parser would take "
+        "--node for its --node-rank. Exits 127 when the command is not found, 126 when it "
+        "cannot run.",
     )
     target = cmd.add_mutually_exclusive_group()
     target.add_argument("--gpu", metavar="ADDR", help="the GPU's PCI address")
@@ -124,9 +128,15 @@ def run(args: argparse.Namespace) -> int:
         )
     listed = parse_cpus(args.cpus)[1] is not None
     if not (listed or args.gpu or args.device is not None or args.local_rank) and args.node is None:
+        host = _args.load_host(args)[0]
+        example = (
+            "cpupin exec --local-rank -- python serve.py"
+            if host.gpus
+            else "cpupin exec --node 0 -- python serve.py (this host has no GPU)"
+        )
         raise ValueError(
             "name the GPU (--gpu, --device or --local-rank) or the node (--node), or give "
-            "--cpus a CPU list: cpupin exec --local-rank -- python serve.py"
+            f"--cpus a CPU list: {example}"
         )
     device: str | int | None = None
     if args.gpu is not None:
@@ -183,6 +193,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"pools  {pools if pools else 'left alone (--no-pools)'}")
         print(f"argv   {' '.join(argv)}  (a dry run: nothing applied, nothing run)")
         return 0
+    # exec writes no record: the command it becomes is the process, and any
+    # record it left would outlive the exec (the command learns its mask
+    # from CPUPIN_PROCESS_CPUS instead).
+    from cpupin import registry
+
+    registry._disabled = True
     binding = bind_process(device, node=args.node, cpus=args.cpus, memory=args.memory)
     if binding.reason:  # a GPU whose node the mask misses: what to ask the launcher for
         print(f"cpupin exec: {binding.reason}", file=sys.stderr)

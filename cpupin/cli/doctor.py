@@ -21,7 +21,15 @@ from . import _args
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    doctor = sub.add_parser("doctor", help="whether pinning pays on this host, and why")
+    doctor = sub.add_parser(
+        "doctor",
+        help="whether pinning pays on this host, and why",
+        description="Whether pinning pays on this host, and why: its idle states, a handoff "
+        "to a running and to an idle core (measured three times, the quietest kept), and "
+        "the pools a process started from here would run. It reads the cgroup (cpuset, "
+        "quota) and pool variables of the shell that runs it: run it inside the workload's "
+        "container or cgroup, or judge a running process with --pid.",
+    )
     _args.add_host(doctor)
     doctor.add_argument(
         "--measure-here",
@@ -92,11 +100,12 @@ def _examine(args: argparse.Namespace) -> _Report:
         title = f"pid {args.pid} on this machine"
     handoffs = None
     measured_on = "nowhere"
+    noise: list[str] = []
     if here or args.measure_here:
         local = host if here else read_host("/")
-        handoffs = measure_host(local, process_cpus() & local.cpus)
+        handoffs = measure_host(local, process_cpus() & local.cpus, noise=noise)
         measured_on = "this machine" if here else f"this machine, not {args.host or args.root}"
-    diagnosis = diagnose(host, handoffs, measured_on)
+    diagnosis = diagnose(host, handoffs, measured_on, noise)
     if process is not None:
         plan = cpu_plan(args.pid, mask=mask)
     else:

@@ -106,8 +106,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"the process mask names no online CPU of {title}")
     if args.all_gpus or not args.entries:
         if not host.gpus and not args.entries:
+            if setting == "off":
+                # What the user asked for holds: nothing is pinned. Say how to
+                # see a placement here, without calling it an error.
+                print(
+                    f"{title}: step_thread_core off (the default), so nothing is pinned. It "
+                    f"has no GPU for auto to place by; to see a placement, " + _slots(host, allowed)
+                )
+                return 0
             raise ValueError(
-                f"{title} has no GPU, so auto has nothing to rank by: " + _slots(host, allowed)
+                f"{title} has no GPU, so {setting} has no device to place by: "
+                + _slots(host, allowed)
             )
         servers = [[g.address] for g in host.gpus]
     else:

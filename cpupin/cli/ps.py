@@ -17,7 +17,12 @@ from ._pools import pool_lines, throttle_text
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ps = sub.add_parser(
-        "ps", help="every server's pins on this host, and whether its pinned threads wait"
+        "ps",
+        help="every server's pins on this host, and whether its pinned threads wait",
+        description="Every server's pins on this host, and whether its pinned threads wait. "
+        "Only processes with a record in the lock directory are listed (those that pinned "
+        "through cpupin, or that a plugin describes); use cpupin threads PID or cpupin audit "
+        "PID for any other.",
     )
     ps.add_argument(
         "--interval", type=_args.seconds(0.01, 60), default=1.0, help="seconds a sample (1)"
@@ -126,11 +131,13 @@ def _text(data: dict[str, object]) -> None:
                 f"{t['mask_list'][:12]:12}  an interloper: on a pinned CPU, not registered"
             )
         if p.get("usable_cpus") is not None:
+            lines = pool_lines(p.get("pools", []), " " * 19)
             print(
                 f"{'':8} {p['pid']:>8}  usable CPUs {p['usable_cpus']}; "
-                f"{throttle_text(p.get('throttling'))}; pools:"
+                f"{throttle_text(p.get('throttling'))}"
+                + ("; pools:" if lines else "; no pool of two threads or more")
             )
-            for line in pool_lines(p.get("pools", []), " " * 19):
+            for line in lines:
                 print(line)
     for r in [*servers, *processes]:
         if not r["live"]:

@@ -17,7 +17,12 @@ from ._pools import pool_lines
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     threads = sub.add_parser(
-        "threads", help="list a process's threads with CPU time, run-queue wait and last CPU"
+        "threads",
+        help="list a process's threads with CPU time, run-queue wait and last CPU",
+        description="List a process's threads with CPU time, run-queue wait and last CPU, "
+        "then its census: its threads grouped into pools by name, each judged against the "
+        "CPUs the process can keep busy (its mask under its cgroup's quota, less pinned "
+        "CPUs): fits, oversubscribed, or sized from the host, with what to do.",
     )
     threads.add_argument(
         "pid",

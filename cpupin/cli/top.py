@@ -20,7 +20,15 @@ from ._pools import throttle_text
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    top = sub.add_parser("top", help="a live per-thread table: CPU ms/s, run-queue wait ms/s")
+    top = sub.add_parser(
+        "top",
+        help="a live per-thread table: CPU ms/s, run-queue wait ms/s",
+        description="A live per-thread table: CPU ms/s, run-queue wait ms/s, last CPU, mask "
+        "and state (process mask, pinned, stray, interloper, narrower). A thread that waited "
+        "10 ms/s or more is stalled: 'quota' when the cgroup's CPU quota throttled it in the "
+        "sample (lower the threads, or raise the quota), else 'contention' (other threads "
+        "held its CPUs). Exits 2 when the process exits, after what it sampled.",
+    )
     top.add_argument(
         "pid", type=_args.pid_or_self, help="process id, or self for cpupin's own threads (a demo)"
     )
