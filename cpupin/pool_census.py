@@ -33,6 +33,7 @@ __all__ = [
     "host_sizes",
     "note_pool_thread",
     "pool_name",
+    "remedy",
     "verdict",
 ]
 
@@ -80,6 +81,12 @@ class Pool:
     larger than the usable CPUs whose other threads sleep (a ZMQ context's
     reaper, say) fits."""
 
+    @property
+    def remedy(self) -> str:
+        """The one thing to do about this pool (empty when it fits and
+        inherited no pin): :func:`remedy` of it."""
+        return remedy(self)
+
     def as_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
@@ -90,7 +97,46 @@ class Pool:
             "tids": list(self.tids),
             "stray": self.stray,
             "idle": self.idle,
+            "remedy": self.remedy or None,
         }
+
+
+#: The variable that sizes a pool, by the pool's name as the census gives it.
+_POOL_VARIABLE = (
+    ("torch intra-op", "OMP_NUM_THREADS"),
+    ("openmp", "OMP_NUM_THREADS"),
+    ("mkl", "MKL_NUM_THREADS"),
+    ("openblas", "OPENBLAS_NUM_THREADS"),
+    ("blis", "BLIS_NUM_THREADS"),
+    ("rayon", "RAYON_NUM_THREADS"),
+    ("tokenizers", "RAYON_NUM_THREADS"),
+)
+
+
+def remedy(pool: Pool) -> str:
+    """What to do about a pool that does not fit or inherited a pin, in a
+    line: the size to give it (its variable where one sizes it), or how to
+    start its threads; empty for a pool that fits on its own mask. Pure."""
+    usable = pool.usable_cpus
+    name = pool.name.lower()
+    variable = next((v for key, v in _POOL_VARIABLE if key in name), None)
+    if "threadpoolexecutor" in name:
+        size = f"max_workers={usable} (or cpupin.ThreadPool(), which counts the usable CPUs)"
+    elif variable is not None:
+        size = f"{variable}={usable} before it starts, or cpupin.limit_pools() in the process"
+    else:
+        size = f"{usable} thread(s), from cpupin.usable_cpus() rather than os.cpu_count()"
+    parts = []
+    if pool.verdict == OVERSUBSCRIBED:
+        parts.append(f"run at most {usable} of its threads at once: {size}")
+    elif pool.verdict == FROM_HOST:
+        parts.append(f"size it from the {usable} usable CPU(s), not the host's count: {size}")
+    if pool.stray:
+        parts.append(
+            f"{pool.stray} thread(s) inherited a pin: start them from an unpinned thread "
+            "(cpupin.Thread, cpupin.ThreadPool and cpupin.Queue do)"
+        )
+    return "; ".join(parts)
 
 
 def verdict(threads: int, usable: int, host_sizes: Iterable[int], idle: int = 0) -> str:

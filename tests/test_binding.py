@@ -642,17 +642,20 @@ def test_the_readmes_torchrun_line_for_a_host_without_gpus_runs_as_written(tmp_p
         pytest.skip("torchrun comes with torch (pip install torch==2.13.0)")
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     (line,) = [m for m in re.findall(r"^torchrun .*$", readme, re.MULTILINE) if "--node 0" in m]
+    # Each rank writes a file of its own: two ranks share torchrun's stdout.
     (tmp_path / "train.py").write_text(
         "import json, os\n"
-        "print(json.dumps([os.environ['LOCAL_RANK'], sorted(os.sched_getaffinity(0)), "
-        "os.environ.get('CPUPIN_PROCESS_CPUS')]), flush=True)\n"
+        "rank = os.environ['LOCAL_RANK']\n"
+        "with open(f'rank-{rank}.json', 'w') as f:\n"
+        "    json.dump([rank, sorted(os.sched_getaffinity(0)), "
+        "os.environ.get('CPUPIN_PROCESS_CPUS')], f)\n"
     )
     out = subprocess.run(
         shlex.split(line), cwd=tmp_path, env=venv_env(), capture_output=True, text=True,
         timeout=120, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    ranks = sorted(json.loads(x) for x in out.stdout.splitlines() if x.startswith("["))
+    ranks = sorted(json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
     from cpupin.process import process_cpus
     from cpupin.topology import read_host
 

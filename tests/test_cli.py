@@ -341,6 +341,7 @@ def test_audit_fails_on_a_narrowed_thread_until_it_is_gone(capsys):
         assert main(["audit", str(child.pid), "--fail-on-narrow"]) == 3
         out = capsys.readouterr().out
         assert f"({tid})" in out and "deliberate pin" in out
+        assert "-> a narrower thread not registered" in out  # and what to do
         assert main(["audit", str(child.pid)]) == 0
         child.stdin.write("\n")
         child.stdin.flush()

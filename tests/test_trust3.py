@@ -997,3 +997,65 @@ def test_exec_leaves_no_record_behind(how, lock_dir):
                "import os; print(os.getpid())"])  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert [n for n in os.listdir(lock_dir) if n.startswith("cpupin-")] == []
+
+
+# --- every finding with its remedy -------------------------------------------------
+
+
+@given(
+    st.sampled_from(["ThreadPoolExecutor-0", "torch intra-op", "openmp (libgomp.so.1)",
+                     "openblas (libscipy_openblas.so)", "python", "ZMQbg/IO"]),
+    st.integers(1, 64), st.integers(1, 16), st.integers(0, 8),
+)  # fmt: skip
+def test_a_pool_that_does_not_fit_says_what_to_do_and_one_that_fits_says_nothing(
+    name, threads, usable, stray
+):
+    from cpupin.pool_census import Pool, verdict
+
+    v = verdict(threads, usable, {64, 68})
+    pool = Pool(name, threads, usable, v, "threads", (), min(stray, threads))
+    text = pool.remedy
+    if v == "fits" and not pool.stray:
+        assert text == "" and pool.as_dict()["remedy"] is None
+        return
+    if v != "fits":
+        assert f"{usable}" in text
+        if "ThreadPoolExecutor" in name:
+            assert f"max_workers={usable}" in text
+        elif name.startswith(("torch", "openmp")):
+            assert f"OMP_NUM_THREADS={usable}" in text
+    if pool.stray:
+        assert "inherited a pin" in text and "cpupin.Thread" in text
+
+
+@pytest.mark.parametrize("stalls", [{"quota"}, {"contention"}, {"quota", "contention"}, set()])
+def test_top_names_what_to_do_for_each_kind_of_stall(stalls):
+    from cpupin.cli.top import stall_remedies
+
+    got = stall_remedies(stalls, 4242, 3)
+    assert len(got) == len(stalls)
+    text = " ".join(got)
+    if "quota" in stalls:
+        assert "at most 3 busy thread(s)" in text and "raise the quota" in text
+    if "contention" in stalls:
+        assert "cpupin threads 4242" in text
+
+
+def test_threads_prints_a_remedy_under_a_pool_sized_from_the_host(capsys):
+    """A real ThreadPoolExecutor sized from the host, in this process: the
+    census line is followed by what to do."""
+    import concurrent.futures as cf
+
+    from cpupin.cli._pools import pool_lines
+    from cpupin.pool_census import census
+
+    with cf.ThreadPoolExecutor() as pool:
+        gate = threading.Barrier(pool._max_workers + 1)
+        for _ in range(pool._max_workers):
+            pool.submit(gate.wait)
+        gate.wait()
+        found = census()
+    lines = pool_lines([p.as_dict() for p in found.pools])
+    at = next(i for i, line in enumerate(lines) if "ThreadPoolExecutor" in line)
+    if "fits" not in lines[at]:
+        assert lines[at + 1].strip().startswith("-> ") and "max_workers=" in lines[at + 1]

@@ -45,6 +45,8 @@ def pool_lines(pools: Sequence[Mapping[str, object]], indent: str = "  ") -> lis
             f"{indent}{printable(str(p['name']), 40):40} {threads:>4} thread(s){kind}  "
             f"{p['verdict']}{stray}"
         )
+        if p.get("remedy"):
+            lines.append(f"{indent}  -> {p['remedy']}")
     if single:
         lines.append(f"{indent}and {single} thread(s) on their own")
     return lines

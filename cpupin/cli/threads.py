@@ -222,6 +222,13 @@ def run_audit(args: argparse.Namespace) -> int:
                 "deliberate pin and a stray look the same; inside the process, "
                 "cpupin.stray_threads() tells them apart."
             )
+        if failing:
+            print(
+                "  -> a narrower thread not registered either inherited a pin (start it from "
+                "an unpinned thread: cpupin.Thread, cpupin.ThreadPool, cpupin.Queue) or was "
+                "pinned on purpose without cpupin (pin it with cpupin.pin_current_thread, "
+                "which registers it)"
+            )
     return FINDING if failing and args.fail_on_narrow else 0
 
 

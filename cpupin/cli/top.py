@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         _demo_threads()
     sampler = Sampler(args.pid)
     args.role = _role_of(args.pid or os.getpid())
+    args.usable = _usable_of(args.pid)
     counts = range(args.count) if args.count is not None else itertools.count()
     document: list[dict[str, object]] = []
     stopped: ProcessLookupError | None = None
@@ -89,6 +90,7 @@ def _samples(
         sampler.start()
         time.sleep(args.interval)
         samples = sampler.stop()
+        remedies = stall_remedies({s.stall for s in samples if s.stall}, args.pid, args.usable)
         if args.json or args.json_lines:
             throttling = sampler.throttling.as_dict() if sampler.throttling else None
             sample = {
@@ -96,6 +98,7 @@ def _samples(
                 "throttled_ms_per_s": throttling and throttling["throttled_ms_per_s"],
                 "throttling": throttling,
                 "threads": [s.as_dict() for s in samples],
+                "remedies": remedies,
             }
             if args.json:
                 document.append(sample)
@@ -124,7 +127,39 @@ def _samples(
                 f"{s.last_cpu if s.last_cpu is not None else '?':>4}  "
                 f"{_short(s.mask):14} {s.state}" + (f", stalled: {s.stall}" if s.stall else "")
             )
+        for line in remedies:
+            print(f"  -> {line}")
         sys.stdout.flush()
+
+
+def stall_remedies(stalls: set[str], pid: int | None, usable: int | None) -> list[str]:
+    """The one thing to do for each kind of stall seen, for the process
+    sampled (its own usable CPUs, from its cgroup, not this command's)."""
+    who = str(pid or os.getpid())
+    out = []
+    if "quota" in stalls:
+        busy = f"at most {usable} busy thread(s)" if usable else "fewer busy threads"
+        out.append(
+            f"stalled by its cgroup's CPU quota: run {busy} in it (cpupin exec, or "
+            "cpupin.limit_pools() inside the process), or raise the quota"
+        )
+    if "contention" in stalls:
+        out.append(
+            f"stalled by contention: other threads hold its CPUs; cpupin threads {who} shows "
+            "who shares them, and a step thread pinned apart (CPUPIN_STEP_THREAD_CORE) keeps "
+            "its core"
+        )
+    return out
+
+
+def _usable_of(pid: int | None) -> int | None:
+    """The usable CPUs of the process sampled, from its own cgroup."""
+    from cpupin.pools import usable_cpus
+
+    try:
+        return usable_cpus(pid)
+    except (OSError, ValueError):
+        return None
 
 
 def _role_of(pid: int) -> str | None:
