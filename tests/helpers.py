@@ -130,3 +130,18 @@ def sleeper_on(cpu):
     finally:
         child.kill()
         child.wait()
+
+
+def ready_child(code, lock_dir, *args):
+    """A Python child running ``code`` with ``CPUPIN_LOCK_DIR`` at
+    ``lock_dir``, text pipes on stdin and stdout, once it has printed
+    ``ready`` (its first line)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir)},
+    )  # fmt: skip
+    first = child.stdout.readline()
+    if first != "ready\n":
+        child.kill()
+        raise AssertionError(f"the child said {first!r}, not ready")
+    return child

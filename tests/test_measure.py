@@ -218,16 +218,24 @@ def test_the_doctor_can_measure_here_for_a_shipped_host_and_says_so(capsys):
     assert data["handoff_ns"]
 
 
+def fake_handoffs(rows):
+    """HandoffResults by pair kind from (kind, idle_us, median_ns, wake_ns)
+    rows, for the doctor's pure verdict (every quantile the median)."""
+    return {
+        k: cpupin.handoff.HandoffResult((0, 1), "futex", i, 100, m, m, m, w, w)
+        for k, i, m, w in rows
+    }
+
+
 def test_the_doctor_from_numbers_alone():
     host = host_named("xeon6-b300")
-    fake = {
-        k: cpupin.handoff.HandoffResult((0, 1), "futex", i, 100, m, m, m, w, w)
-        for k, i, m, w in [
+    fake = fake_handoffs(
+        [
             ("same CPU busy", 0, 4_500, 4_500),
             ("other core busy", 0, 5_000, 5_000),
             ("other core idle", 200, 90_000, 140_000),
         ]
-    }
+    )
     d = diagnose(host, fake)
     assert d.verdict == "auto" and "140 µs" in d.why and "C6 at 170 µs" in d.why
     fake["other core idle"] = cpupin.handoff.HandoffResult(
@@ -243,14 +251,13 @@ def test_a_wake_that_came_out_faster_than_a_running_core_is_called_noise():
     """The idle handoff measured below the running one: never "within 0.0
     µs" (a clamped difference shown as a finding), but noise, said so."""
     host = host_named("h100-vm")
-    fake = {
-        k: cpupin.handoff.HandoffResult((0, 1), "futex", i, 100, m, m, m, w, w)
-        for k, i, m, w in [
+    fake = fake_handoffs(
+        [
             ("same CPU busy", 0, 4_000, 4_000),
             ("other core busy", 0, 30_000, 30_000),
             ("other core idle", 200, 20_000, 20_000),
         ]
-    }
+    )
     d = diagnose(host, fake)
     assert d.verdict == "off" and "0.0 µs" not in d.why and "noise" in d.why
 

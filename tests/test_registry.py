@@ -18,6 +18,7 @@ from cpupin import registry
 from cpupin.cli import main
 from cpupin.hosts import HOSTS, build_tree, host_named
 
+from .helpers import ready_child
 from .test_json import SECTIONS, same_shape
 
 GPU7 = "0000:fa:00.0"
@@ -461,12 +462,8 @@ def test_a_record_rewritten_in_place_is_never_read_torn(tmp_path):
     """Three threads pin and release as fast as they can, each a pwrite of
     the record's slot, while this process reads it 300 times: every read
     finds a whole record (a torn one is read again), never an ignored file."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", HAMMER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)},
-    )  # fmt: skip
+    child = ready_child(HAMMER, tmp_path)
     try:
-        assert child.stdout.readline() == "ready\n"
         seen = set()
         for _ in range(300):
             found = registry.read_registry(tmp_path)

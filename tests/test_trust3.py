@@ -24,7 +24,7 @@ from cpupin._registry_read import _cpus
 from cpupin.cpuplan import CpuPlan
 from cpupin.pools import environment_advice, omp_num_threads, pool_env, pool_threads
 
-from .helpers import in_forked_child, run
+from .helpers import in_forked_child, ready_child, run
 from .test_pools import in_cgroup, quota_cgroup
 
 NOBODY = 65534
@@ -330,12 +330,8 @@ print(json.dumps(sorted(p.role for p in registry.read_registry().pins_of(os.getp
 
 @pytest.mark.parametrize("how", ["renamed", "removed", "replaced", "directory swapped"])
 def test_a_record_moved_under_a_running_process_comes_back(how, lock_dir):
-    child = subprocess.Popen(
-        [sys.executable, "-c", MOVED_UNDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir)},
-    )  # fmt: skip
+    child = ready_child(MOVED_UNDER, lock_dir)
     try:
-        assert child.stdout.readline() == "ready\n"
         (name,) = [n for n in os.listdir(lock_dir) if n.startswith("cpupin-proc-")]
         if how == "renamed":
             os.rename(lock_dir / name, lock_dir / "elsewhere.json")
