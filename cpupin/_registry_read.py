@@ -12,6 +12,7 @@ import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from . import _native
 from ._native import PID_LIMIT
@@ -75,6 +76,51 @@ def _text(value: object, what: str, size: int = MAX_NAME) -> str:
 # --- what a reader finds ----------------------------------------------------
 
 
+class RecordedPool(NamedTuple):
+    """A pool a process's record names (:func:`cpupin.pool_census.recorded_pools`)."""
+
+    name: str
+    kind: str
+    """``threads`` (its threads, by their Python names) or ``configured``."""
+    threads: int
+    tids: tuple[int, ...]
+
+
+#: The most pools a record may carry, and thread ids in all of them.
+MAX_RECORD_POOLS = 32
+MAX_RECORD_POOL_TIDS = 512
+
+
+def _pools(value: object) -> tuple[RecordedPool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_RECORD_POOLS:
+        raise ValueError(f"pools is not a list of at most {MAX_RECORD_POOLS}")
+    out = []
+    room = MAX_RECORD_POOL_TIDS
+    for p in value:
+        if not isinstance(p, dict):
+            raise ValueError("a pool is not an object")
+        kind = p.get("kind")
+        if kind not in ("threads", "configured"):
+            raise ValueError(f"a pool's kind {excerpt(kind)} is not threads or configured")
+        tids = p.get("tids")
+        if not isinstance(tids, list) or len(tids) > room:
+            raise ValueError(
+                f"a pool's tids are not a list of at most {MAX_RECORD_POOL_TIDS} in all"
+            )
+        room -= len(tids)
+        out.append(
+            RecordedPool(
+                _text(p.get("name"), "pool name"),
+                kind,
+                _whole(p.get("threads"), 0, 1 << 20, "a pool's threads"),
+                tuple(_whole(t, 1, PID_LIMIT - 1, "a pool's tid") for t in tids),
+            )
+        )
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Record:
     """A record found in the lock directory, checked, with its liveness.
@@ -106,6 +152,8 @@ class Record:
     """Its step clocks' figures (:func:`cpupin.registry.step_figures`), checked."""
     server: tuple[int, int] | None = None
     """The (pid, start time) of the process that prunes this one's record."""
+    pools: tuple[RecordedPool, ...] = ()
+    """The process's pools as it named them (for the census from outside)."""
     out_of_date: str = ""
     """Why the record is older than the process's pins (an update it could
     not write: a full disk, a file size limit); empty while it is current."""
@@ -141,6 +189,7 @@ class Record:
             out["server_pid"] = self.server[0] if self.server else None
             out["process_mask"] = sorted(self.process_mask) or None
             out["out_of_date"] = self.out_of_date or None
+            out["recorded_pools"] = [p._asdict() | {"tids": list(p.tids)} for p in self.pools]
             out["pins"] = [
                 {
                     "tid": p.tid,
@@ -433,6 +482,7 @@ def _process(
         steps=tuple(_step_figures(s) for s in steps),
         server=server,
         process_mask=mask,
+        pools=_pools(record.get("pools")),
         out_of_date=""
         if record.get("out_of_date") is None
         else _text(record.get("out_of_date"), "out_of_date", 240),

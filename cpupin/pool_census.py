@@ -1,27 +1,42 @@
 """A census of a process's thread pools, each judged against the CPUs the
 process can keep busy (:func:`cpupin.pools.usable_cpus`): threads grouped
 into pools by name and, in the process itself, the pools its libraries
-configured (threadpoolctl, torch)."""
+configured (threadpoolctl, torch).
+
+From outside, a process that keeps a record (it pins, or says what it is)
+has its pools in it (:func:`recorded_pools`, written with each update of
+the record and as cpupin's threads start), so the outside view names them
+as the inside one does. Threads the record does not name are grouped by
+their kernel names; those that only inherited the name of the thread that
+started them (every thread of a Python before 3.14 that nothing named) are
+grouped by what they wait in (``wchan``), and such a pool is marked a guess.
+"""
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import sys
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._native import ThreadStat
+from ._pool_names import (
+    controllers,
+    pool_name,
+    recorded_pools,
+)
 from ._sysfs import Reader
 from ._torch_thread import note_pool_thread, torch_reading
 from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
 from .pools import cpu_plan
 from .process import process_cpus, process_mask_of, registry_of, thread_masks
+
+if TYPE_CHECKING:
+    from ._registry_read import RecordedPool
 
 __all__ = [
     "FITS",
@@ -32,6 +47,7 @@ __all__ = [
     "census",
     "host_sizes",
     "note_pool_thread",
+    "recorded_pools",
     "pool_name",
     "remedy",
     "verdict",
@@ -40,18 +56,6 @@ __all__ = [
 FITS = "fits"
 OVERSUBSCRIBED = "oversubscribed"
 FROM_HOST = "sized from the host"
-
-_TRAILING_NUMBER = re.compile(r"[\s_\-.:#/]*\d+\Z")
-_THREAD_N = re.compile(r"\AThread-\d+")
-
-
-@functools.lru_cache(maxsize=4096)
-def pool_name(name: str) -> str:
-    """The pool a thread's name puts it in: its name without a trailing
-    number (``ThreadPoolExecutor-0_3`` -> ``ThreadPoolExecutor-0``,
-    ``Thread-7 (worker)`` -> ``Thread (worker)``)."""
-    stem = _THREAD_N.sub("Thread", name)
-    return _TRAILING_NUMBER.sub("", stem) or name
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,10 @@ class Pool:
     taken (``cpupin ps``: over its interval); 0 without a sample. A pool
     larger than the usable CPUs whose other threads sleep (a ZMQ context's
     reaper, say) fits."""
+    guess: bool = False
+    """Grouped from outside by what the threads wait in, not by a name: they
+    carry only the name of the thread that started them, and the process's
+    record does not name them."""
 
     @property
     def remedy(self) -> str:
@@ -97,6 +105,7 @@ class Pool:
             "tids": list(self.tids),
             "stray": self.stray,
             "idle": self.idle,
+            "guess": self.guess,
             "remedy": self.remedy or None,
         }
 
@@ -203,6 +212,8 @@ def census(
     threads: list[tuple[ThreadStat, frozenset[int]]] | None = None,
     pins: Mapping[int, frozenset[int]] | None = None,
     ran: Iterable[int] | None = None,
+    recorded: Iterable[RecordedPool] | None = None,
+    waits: Mapping[int, str] | None = None,
 ) -> Census:
     """Group a process's threads (``None``: this one) into pools by name and
     judge each against its usable CPUs.
@@ -210,18 +221,24 @@ def census(
     In this process a thread is named by its Python name where it has one (a
     ``multiprocessing.Queue`` feeder shows as ``QueueFeederThread``), and the
     pools the loaded libraries configured are listed too (threadpoolctl,
-    torch's intra-op pool). From outside, threads are named as the kernel
-    knows them and the main thread (tid = pid) stands alone. ``plan``,
-    ``threads`` (as :func:`~cpupin.process.thread_masks` gives them) and
-    ``pins`` (tid to its registered pin) replace what would be read.
-    ``ran``: the threads that ran during a sample (``cpupin ps`` gives its
-    own); the others count as idle in each pool's verdict.
+    torch's intra-op pool). From outside, the pools of the process's record
+    come first (its threads by their Python names, and its configured pools:
+    the inside view), then the kernel's names; threads that only inherited
+    the name of the thread that started them are grouped by what they wait
+    in, as a guess (:attr:`Pool.guess`); the main thread (tid = pid) stands
+    alone. ``plan``, ``threads`` (as :func:`~cpupin.process.thread_masks`
+    gives them), ``pins`` (tid to its registered pin), ``recorded`` (the
+    record's pools) and ``waits`` (tid to its ``wchan``) replace what would
+    be read. ``ran``: the threads that ran during a sample (``cpupin ps``
+    gives its own); the others count as idle in each pool's verdict.
     """
     own = pid is None or pid == os.getpid()
     target = os.getpid() if own else int(pid or 0)
     if threads is None:
         threads = thread_masks(None if own else target)
     names: dict[int, str] = {}
+    named: dict[int, str] = {}  # by the record: pool names already
+    configured: list[RecordedPool] = []
     if own:
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         from .threads import pinned_threads
@@ -229,27 +246,47 @@ def census(
         pins = pinned_threads() if pins is None else pins
         mask = process_cpus()
     else:
-        if pins is None:
-            pins = {p.tid: p.cpus for p in registry_of(target, None).pins_of(target)}
+        if pins is None or recorded is None:
+            record = _record_of(target)
+            if pins is None:
+                pins = {p.tid: p.cpus for p in record.pins} if record else {}
+            if recorded is None:
+                recorded = record.pools if record else ()
+        alive = {st.tid for st, _ in threads}
+        for rp in recorded:
+            if rp.kind == "configured":
+                configured.append(rp)
+                continue
+            named.update((tid, rp.name) for tid in rp.tids if tid in alive)
         mask = process_mask_of(target, [m for _, m in threads])[0]
     if plan is None:
         plan = cpu_plan(target, root=root, mask=mask, pinned=frozenset().union(*pins.values()))
     usable = plan.usable_cpus
     n_host, nodes = _host_shape(root)
     sizes = host_sizes(n_host, nodes)
-    groups: dict[str, list[tuple[int, bool]]] = {}
+    # The names a thread may only have inherited from its creator: the
+    # process's own (its main thread's) and those of named threads.
+    main_name = next((st.name for st, _ in threads if st.tid == target), None)
+    groups: dict[tuple[str, bool], list[tuple[int, bool]]] = {}
     for st, cpus in threads:
-        if st.tid in names:
-            group = pool_name(names[st.tid])
-        elif st.tid == target:
+        guess = False
+        if st.tid == target:
             group = "main thread"
+        elif st.tid in named:
+            group = named[st.tid]
+        elif st.tid in names:
+            group = pool_name(names[st.tid])
+        elif not own and st.name == main_name:
+            wait = waits.get(st.tid) if waits is not None else _wchan(root, target, st.tid)
+            group = f"{pool_name(st.name)} [{wait or '?'}]"
+            guess = True
         else:
             group = pool_name(st.name)
         stray = cpus != mask and pins.get(st.tid) != cpus
-        groups.setdefault(group, []).append((st.tid, stray))
+        groups.setdefault((group, guess), []).append((st.tid, stray))
     active = None if ran is None else frozenset(ran)
     pools = []
-    for name, members in groups.items():
+    for (name, guess), members in groups.items():
         idle = 0 if active is None else sum(t not in active for t, _ in members)
         pools.append(
             Pool(
@@ -261,12 +298,41 @@ def census(
                 tuple(t for t, _ in members),
                 sum(s for _, s in members),
                 idle,
+                guess,
             )
         )
     if own:
         pools.extend(_configured(usable, sizes))
+    else:
+        pools.extend(
+            Pool(rp.name, n, usable, verdict(n, usable, sizes), "configured", rp.tids)
+            for rp in configured
+            for n in (rp.threads,)
+        )
     pools.sort(key=lambda p: (p.kind != "threads", -p.threads, p.name))
     return Census(target, plan, tuple(pools))
+
+
+def _record_of(pid: int) -> Any:
+    """The live process record of ``pid`` (``None``: it keeps none)."""
+    found = registry_of(pid, None)
+    return next((r for r in found.records if r.kind == "process" and r.live and r.pid == pid), None)
+
+
+_WCHAN = re.compile(r"[A-Za-z0-9_.]{1,48}")
+
+
+def _wchan(root: str, pid: int, tid: int) -> str | None:
+    """What a thread waits in (``running`` while it runs), from its
+    ``wchan``: hostile, so only a short symbol name is taken."""
+    with Reader(root) as r:
+        text = r.text(f"proc/{pid}/task/{tid}/wchan", 128)
+    if text is None:
+        return None
+    text = text.strip()
+    if text == "0":
+        return "running"
+    return text if _WCHAN.fullmatch(text) else None
 
 
 def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:
@@ -276,32 +342,11 @@ def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:
         n, tids = found
         out.append(Pool("torch intra-op", n, usable, verdict(n, usable, sizes), "configured", tids))
     if "threadpoolctl" in sys.modules or _any_pool_library():
-        for lib in _controllers():
+        for lib in controllers():
             n = lib.num_threads
             label = f"{lib.internal_api} ({os.path.basename(lib.filepath)})"
             out.append(Pool(label, n, usable, verdict(n, usable, sizes), "configured"))
     return out
-
-
-#: How long threadpoolctl's list of the loaded libraries is kept: its scan
-#: of every shared object costs milliseconds, too much for each scrape, and
-#: libraries are loaded at start-up; the sizes are read afresh each time.
-_SCAN_TTL_S = 30.0
-_scan: tuple[float, int, list[Any]] = (0.0, 0, [])
-
-
-def _controllers() -> list[Any]:
-    global _scan
-    now = time.monotonic()
-    at, pid, found = _scan
-    if pid != os.getpid() or now - at > _SCAN_TTL_S:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # pragma: no cover - a dependency
-            return []
-        found = list(ThreadpoolController().lib_controllers)
-        _scan = (now, os.getpid(), found)
-    return found
 
 
 def _any_pool_library() -> bool:

@@ -243,6 +243,7 @@ def _write(directory: str | None) -> None:
         return  # no record, and nothing to record
     # A record with no pins left stays (until exit) rather than go: the
     # next pin is then one pwrite, not a new file.
+    _about["pools"] = _pools_now()
     data = _record_bytes(listed)
     if _fd >= 0 and len(data) <= _slot and _room(_slot) and _in_place(where):
         try:
@@ -261,6 +262,44 @@ def _write(directory: str | None) -> None:
         _create(dir_fd, where, data)
     finally:
         os.close(dir_fd)
+
+
+# The pools last recorded, the threads they were read from, and their JSON:
+# a pin made or released with the same threads running writes them again
+# without reading them again (threads_changed() forgets them).
+_pools_read: tuple[object, list[dict[str, Any]], str] | None = None
+
+
+def _pools_now() -> list[dict[str, Any]]:
+    """The process's pools for its record (the census from outside reads
+    them); none when they cannot be had (a lazy import refused in a signal
+    handler, say): the record is what matters."""
+    global _pools_read
+    try:
+        from . import _torch_thread
+
+        key = (frozenset(threading._active), _torch_thread._pool_thread)  # type: ignore[attr-defined]
+        if _pools_read is not None and _pools_read[0] == key:
+            return _pools_read[1]
+        from ._pool_names import recorded_pools
+
+        pools = recorded_pools()
+        _pools_read = (key, pools, json.dumps(pools, separators=(",", ":"), ensure_ascii=False))
+        return pools
+    except Exception:  # noqa: BLE001 - the pins' record never fails for its pools
+        return []
+
+
+def threads_changed() -> None:
+    """Write the record again with the process's pools as they are now, when
+    it has one: cpupin's threads call this as they start, so that the
+    census from outside names them. Best effort, as :func:`register_pins`."""
+    global _pools_read
+    if _written is None or _disabled or _closed:
+        return
+    with _lock:
+        _pools_read = None
+        _write(_written[0])
 
 
 def _ours() -> bool:
@@ -354,15 +393,19 @@ def _fragment(p: Pinned, *, compact: bool = False) -> str:
 def _assemble(pins: list[str], about: dict[str, Any]) -> bytes:
     assert _me is not None
     pid, started, uid = _me
-    head = "".join(
-        f'"{key}":{json.dumps(about[key], separators=(",", ":"), ensure_ascii=False)},'
-        for key in sorted(about)
-    )
+    head = "".join(f'"{key}":{_json_of(about[key])},' for key in sorted(about))
     body = (
         f'{{{head}"pid":{pid},"pins":[{",".join(pins)}],"start_time":{started},'
         f'"time":{round(time.time(), 3)!r},"uid":{uid},"version":{VERSION}}}'
     ).encode()
     return frame(body)
+
+
+def _json_of(value: Any) -> str:
+    read = _pools_read
+    if read is not None and value is read[1]:
+        return read[2]
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _create(dir_fd: int, where: str, data: bytes) -> None:

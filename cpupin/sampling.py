@@ -393,7 +393,7 @@ def _pools_of(
 
     try:
         pins = {p.tid: p.cpus for p in record.pins}
-        found = census(record.pid, threads=threads, pins=pins, ran=ran)
+        found = census(record.pid, threads=threads, pins=pins, ran=ran, recorded=record.pools)
     except (OSError, ValueError):
         return {}
     return {"usable_cpus": found.usable_cpus, "pools": [p.as_dict() for p in found.pools]}

@@ -164,6 +164,7 @@ class Thread(threading.Thread):
         except Exception:  # noqa: BLE001 - the new thread then takes the slow, checked way
             self._moves_to_mask = True
         super().start()
+        registry.threads_changed()  # a process with a record names it there
 
     def _bootstrap_inner(self) -> None:
         try:
@@ -245,6 +246,7 @@ class _Initializer:
 
     def __call__(self, *args: object) -> None:
         _enter(_kernel_name_of(threading.current_thread().name))
+        registry.threads_changed()
         if self.user is not None:
             self.user(*args)
 
@@ -309,10 +311,31 @@ def _define_feeder_queue() -> type:
                     _native.set_affinity(process_cpus(), tid)
                 except (OSError, ValueError):
                     pass  # it ended already, or the mask went offline: left as it was
+                _name_thread_of(tid, str(getattr(feeder, "name", "QueueFeederThread")))
+                registry.threads_changed()
 
     FeederQueue.__module__ = __name__
     FeederQueue.__qualname__ = "FeederQueue"
     return FeederQueue
+
+
+def _name_thread_of(tid: int, name: str) -> None:
+    """Give another thread of this process its kernel name (the feeder
+    started from a named thread would keep that thread's name, and the
+    census from outside would count it in that thread's pool)."""
+    kernel_name = _kernel_name_of(name)
+    if kernel_name is None:
+        return
+    try:
+        fd = os.open(f"/proc/self/task/{tid}/comm", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # it ended already
+    try:
+        os.write(fd, kernel_name)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def Queue(maxsize: int = 0, *, ctx: Any = None) -> Any:  # noqa: N802 - as multiprocessing's

@@ -492,7 +492,7 @@ def test_topo_and_doctor_show_memory():
     assert json.loads(out.stdout)["memory_binding"]["possible"] is True
 
 
-# --- the README's recipes, tried -------------------------------------------
+# --- docs/binding.md's recipes, tried ----------------------------------------
 
 
 def venv_env():
@@ -564,7 +564,7 @@ def test_spawned_workers_bind_themselves_or_start_bound_through_a_wrapper(tmp_pa
     script = tmp_path / "serve.py"
     script.write_text(SPAWNED)
     wrapper = tmp_path / "bound-python"
-    # The README's wrapper, with --node 0 for --device on this GPU-less machine.
+    # docs/binding.md's wrapper, with --node 0 for --device on this GPU-less machine.
     wrapper.write_text(f'#!/bin/sh\nexec cpupin exec --node 0 -- {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     out = run([sys.executable, str(script), str(wrapper)], venv_env())
@@ -575,7 +575,7 @@ def test_spawned_workers_bind_themselves_or_start_bound_through_a_wrapper(tmp_pa
     assert wrapped_mode == 1 and wrapped_cpus  # preferred, with the bound mask passed on
 
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+BINDING_DOC = (Path(__file__).resolve().parent.parent / "docs" / "binding.md").read_text()
 
 WORKER = """
 import json, os, sys
@@ -600,13 +600,15 @@ RECIPE
 
 
 def test_the_readmes_bound_python_recipe_runs_without_path(tmp_path):
-    """The README's wrapper and spawn loop as written, but for two changes:
+    """docs/binding.md's wrapper and spawn loop as written, but for two changes:
     the interpreter is this one, and --node 0 stands for --device (this
     machine has no GPU). PATH names nothing: the absolute paths carry it.
     Each worker starts bound with its own WORKER_DEVICE; the resource
     tracker, started first through the same wrapper, runs unbound."""
-    wrapper_text = re.search(r"```sh\n(#!/bin/sh\n# /opt/serve/bound-python.*?)```", README, re.S)
-    recipe = re.search(r"```py\n(import multiprocessing, os\n.*?)```", README, re.S)
+    wrapper_text = re.search(
+        r"```sh\n(#!/bin/sh\n# /opt/serve/bound-python.*?)```", BINDING_DOC, re.S
+    )
+    recipe = re.search(r"```py\n(import multiprocessing, os\n.*?)```", BINDING_DOC, re.S)
     assert wrapper_text and recipe
     wrapper = tmp_path / "bound-python"
     text = wrapper_text.group(1).replace("/opt/serve/venv/bin/python", sys.executable)
@@ -631,8 +633,8 @@ def test_the_readmes_bound_python_recipe_runs_without_path(tmp_path):
     assert tracker_bound is False
 
 
-def test_the_readmes_torchrun_line_for_a_host_without_gpus_runs_as_written(tmp_path):
-    """The README's second torchrun line, run as written by the real
+def test_the_docs_torchrun_line_for_a_host_without_gpus_runs_as_written(tmp_path):
+    """docs/binding.md's second torchrun line, run as written by the real
     torchrun (train.py a script that says where each rank runs)."""
     import re
     import shlex
@@ -640,7 +642,7 @@ def test_the_readmes_torchrun_line_for_a_host_without_gpus_runs_as_written(tmp_p
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):
         pytest.skip("torchrun comes with torch (pip install torch==2.13.0)")
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parent.parent / "docs" / "binding.md").read_text()
     (line,) = [m for m in re.findall(r"^torchrun .*$", readme, re.MULTILINE) if "--node 0" in m]
     # Each rank writes a file of its own: two ranks share torchrun's stdout.
     (tmp_path / "train.py").write_text(

@@ -572,6 +572,14 @@ def test_census_of_a_real_process_in_process_and_from_outside(tmp_path):
         assert outside["usable_cpus"] == inside["usable_cpus"]
         kernel = {p["name"]: p for p in outside["pools"]}
         assert kernel["main thread"]["threads"] == 1
+        # The record names the executor and torch's pool: as inside.
+        seen = kernel["ThreadPoolExecutor-0"]
+        assert (seen["threads"], seen["verdict"], seen["guess"]) == (
+            executor["threads"], executor["verdict"], False,
+        )  # fmt: skip
+        configured = kernel["torch intra-op"]
+        assert configured["kind"] == "configured"
+        assert configured["threads"] == pools["torch intra-op"]["threads"]
         big = max(outside["pools"], key=lambda p: p["threads"])
         assert big["threads"] >= executor["threads"] and big["verdict"] != FITS
         assert sum(p["stray"] for p in outside["pools"]) >= 1  # the feeder, from outside too

@@ -1,5 +1,6 @@
-"""The README's promises: its Python blocks run as written, as one program in
-the order they stand, and every console sample is what its command prints now
+"""The README's promises, and those of the pages it sends readers to in
+docs/: each page's Python blocks run as written, as one program in the order
+they stand, and every console sample is what its command prints now
 (numbers aside: they are measured)."""
 
 import os
@@ -13,8 +14,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.MULTILINE | re.DOTALL)
-SAMPLES = re.findall(r"^```text\n\$ (cpupin [^\n]*)\n(.*?)^```", README, re.MULTILINE | re.DOTALL)
+PAGES = {"README.md": README} | {
+    f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))
+}
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+PROGRAMS = {name: BLOCK.findall(text) for name, text in PAGES.items() if BLOCK.search(text)}
+PYTHON_BLOCKS = BLOCK.findall(README)
+SAMPLES = [
+    sample
+    for text in PAGES.values()
+    for sample in re.findall(
+        r"^```text\n\$ (cpupin [^\n]*)\n(.*?)^```", text, re.MULTILINE | re.DOTALL
+    )
+]
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -26,10 +38,32 @@ def test_the_readme_opens_with_the_two_commands():
     assert "-e '.[test]'" in ci and "\npytest" in ci
 
 
-def test_every_python_block_runs_as_written(tmp_path):
-    assert len(PYTHON_BLOCKS) >= 4
-    program = tmp_path / "readme_program.py"
-    program.write_text("\n\n".join(PYTHON_BLOCKS))
+def test_the_readme_starts_with_what_pays_on_every_host():
+    """Pools, the step's delay and the host's view come before pinning, and
+    the README stays short: reference material lives in docs/."""
+    sections = re.findall(r"^## (.*)$", README, re.MULTILINE)
+    assert [s.split(" ", 1)[0] for s in sections[:3]] == ["1.", "2.", "3."], sections
+    assert "Pools" in sections[0] and "step" in sections[1] and "host" in sections[2]
+    pinning = next(i for i, s in enumerate(sections) if s.startswith("Pinning"))
+    assert pinning > 2
+    assert len(README.splitlines()) < 350
+
+
+def test_every_page_the_readme_names_exists_and_every_page_is_named():
+    named = set(re.findall(r"\((docs/[\w.-]+\.md)\)", README))
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert named == pages, named ^ pages
+    for text in PAGES.values():
+        for target in re.findall(r"\]\(((?!https?:)[^)#]+)\)", text):
+            where = ROOT / target if not target.startswith("../") else None
+            assert where is None or where.exists() or (ROOT / "docs" / target).exists(), target
+
+
+@pytest.mark.parametrize("page", sorted(PROGRAMS))
+def test_every_python_block_runs_as_written(page, tmp_path):
+    blocks = PROGRAMS[page]
+    program = tmp_path / "page_program.py"
+    program.write_text("\n\n".join(blocks))
     env = {**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}
     env.pop("CPUPIN_STEP_THREAD_CORE", None)
     out = subprocess.run(
@@ -42,12 +76,18 @@ def test_every_python_block_runs_as_written(tmp_path):
         env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    if page != "docs/pinning.md":
+        return
     # The tour's server pinned its worker and its result thread on this host,
     # unless the mask has one CPU: then it says nothing was pinned, and why.
     if len(os.sched_getaffinity(0)) > 1:
         assert re.search(r"workers on \d+(-\d+|,\d+)?, results on \d+", out.stdout), out.stdout
     else:
         assert "nothing pinned: " in out.stdout, out.stdout
+
+
+def test_the_readme_and_the_tour_have_programs():
+    assert len(PYTHON_BLOCKS) >= 4 and len(PROGRAMS["docs/pinning.md"]) >= 3
 
 
 def masked(text):

@@ -32,6 +32,7 @@ def pool_lines(pools: Sequence[Mapping[str, object]], indent: str = "  ") -> lis
     each pool that does not fit; one line counting the single threads."""
     lines = []
     single = 0
+    guessed = False
     for p in pools:
         threads = p["threads"]
         assert isinstance(threads, int)
@@ -41,6 +42,9 @@ def pool_lines(pools: Sequence[Mapping[str, object]], indent: str = "  ") -> lis
         stray = f", {p['stray']} inherited a pin" if p.get("stray") else ""
         stray += f", {p['idle']} idle" if p.get("idle") else ""
         kind = " (configured)" if p["kind"] == "configured" else ""
+        if p.get("guess"):
+            kind = " (guessed)"
+            guessed = True
         lines.append(
             f"{indent}{printable(str(p['name']), 40):40} {threads:>4} thread(s){kind}  "
             f"{p['verdict']}{stray}"
@@ -49,4 +53,10 @@ def pool_lines(pools: Sequence[Mapping[str, object]], indent: str = "  ") -> lis
             lines.append(f"{indent}  -> {p['remedy']}")
     if single:
         lines.append(f"{indent}and {single} thread(s) on their own")
+    if guessed:
+        lines.append(
+            f"{indent}guessed: threads that only carry the name of the thread that started "
+            "them, grouped by what they wait in [wchan]; a process that uses cpupin names "
+            "its pools in its record"
+        )
     return lines

@@ -1,0 +1,98 @@
+"""The names of a process's pools, and what its record says of them: light
+(no topology, no registry), so that the registry's writer can read them.
+:mod:`cpupin.pool_census` judges them."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+import time
+from typing import Any
+
+from ._torch_thread import torch_reading
+from .errors import printable
+
+__all__ = ["MAX_RECORDED_POOLS", "MAX_RECORDED_TIDS", "controllers", "pool_name", "recorded_pools"]
+
+_TRAILING_NUMBER = re.compile(r"[\s_\-.:#/]*\d+\Z")
+_THREAD_N = re.compile(r"\AThread-\d+")
+
+
+@functools.lru_cache(maxsize=4096)
+def pool_name(name: str) -> str:
+    """The pool a thread's name puts it in: its name without a trailing
+    number (``ThreadPoolExecutor-0_3`` -> ``ThreadPoolExecutor-0``,
+    ``Thread-7 (worker)`` -> ``Thread (worker)``)."""
+    stem = _THREAD_N.sub("Thread", name)
+    return _TRAILING_NUMBER.sub("", stem) or name
+
+
+#: How long threadpoolctl's list of the loaded libraries is kept: its scan
+#: of every shared object costs milliseconds, too much for each scrape, and
+#: libraries are loaded at start-up; the sizes are read afresh each time.
+_SCAN_TTL_S = 30.0
+_scan: tuple[float, int, list[Any]] = (0.0, 0, [])
+
+
+def controllers() -> list[Any]:
+    global _scan
+    now = time.monotonic()
+    at, pid, found = _scan
+    if pid != os.getpid() or now - at > _SCAN_TTL_S:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - a dependency
+            return []
+        found = list(ThreadpoolController().lib_controllers)
+        _scan = (now, os.getpid(), found)
+    return found
+
+
+#: The most pools a record carries, and the most thread ids in all of them.
+MAX_RECORDED_POOLS = 32
+MAX_RECORDED_TIDS = 512
+
+
+def recorded_pools() -> list[dict[str, object]]:
+    """This process's pools as its record carries them, for the census from
+    outside: its threads (but the main one) grouped by their Python names,
+    with their ids (``threads`` counts them all; at most
+    :data:`MAX_RECORDED_TIDS` ids are listed in all), and the pools its
+    libraries configured (torch's intra-op size where it was read on the
+    pool's thread, threadpoolctl's libraries when already scanned). Cheap:
+    no library is scanned here."""
+    main = threading.main_thread()
+    groups: dict[str, list[int]] = {}
+    for t in threading.enumerate():
+        tid = t.native_id
+        if tid is not None and t is not main:
+            groups.setdefault(pool_name(t.name), []).append(tid)
+    out: list[dict[str, object]] = []
+    room = MAX_RECORDED_TIDS
+    ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    for name, tids in ranked[: MAX_RECORDED_POOLS - 4]:
+        kept = sorted(tids)[: max(room, 0)]
+        room -= len(kept)
+        out.append(
+            {"name": printable(name, 64), "kind": "threads", "threads": len(tids), "tids": kept}
+        )
+    found = torch_reading()
+    if found is not None:
+        n, read_on = found
+        out.append(
+            {"name": "torch intra-op", "kind": "configured", "threads": n, "tids": list(read_on)}
+        )
+    _, pid, libs = _scan
+    if pid == os.getpid() and libs:
+        for lib in libs[:3]:
+            try:
+                n = int(lib.num_threads)
+            except Exception:  # noqa: BLE001 - a library that cannot say is left out
+                continue
+            label = f"{lib.internal_api} ({os.path.basename(lib.filepath)})"
+            out.append(
+                {"name": printable(label, 64), "kind": "configured", "threads": n, "tids": []}
+            )
+    return out
