@@ -53,10 +53,12 @@ if TYPE_CHECKING:
     from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
     from .cpuplan import CpuPlan
     from .errors import PlanError, UnsupportedPlatform
+    from .guard import Drift, PinGuard, check_pins, guard_pins
     from .handoff import HandoffResult
     from .irqs import IrqOnPin, read_irqs
     from .launcher import CpuOrigin, explain_cpus
     from .lock import Claim, claim_gpus
+    from .numa_memory import NodeMemory, memory_by_node
     from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
     from .pool_census import Census, Pool, census
     from .pools import PoolLimits, cpu_plan, limit_pools, pool_env, usable_cpus
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
         parse_pci_address,
         read_host,
     )
+    from .wake import HoldRefused, WakeHold, hold_wake_latency
 
 __version__ = "0.1.0"
 
@@ -140,6 +143,15 @@ _LAZY: dict[str, str] = {
     "setting_from_env": "placement",
     "thread_stats": "_native",
     "usable_cpus": "pools",
+    "HoldRefused": "wake",
+    "WakeHold": "wake",
+    "hold_wake_latency": "wake",
+    "NodeMemory": "numa_memory",
+    "Drift": "guard",
+    "PinGuard": "guard",
+    "check_pins": "guard",
+    "guard_pins": "guard",
+    "memory_by_node": "numa_memory",
 }
 
 
@@ -300,4 +312,13 @@ __all__ = [
     "set_affinity",
     "set_process_cpus",
     "thread_stats",
+    "HoldRefused",
+    "WakeHold",
+    "hold_wake_latency",
+    "NodeMemory",
+    "memory_by_node",
+    "Drift",
+    "PinGuard",
+    "check_pins",
+    "guard_pins",
 ]

@@ -14,7 +14,14 @@ from typing import Any
 from ._torch_thread import torch_reading
 from .errors import printable
 
-__all__ = ["MAX_RECORDED_POOLS", "MAX_RECORDED_TIDS", "controllers", "pool_name", "recorded_pools"]
+__all__ = [
+    "ONE_EACH",
+    "MAX_RECORDED_POOLS",
+    "MAX_RECORDED_TIDS",
+    "controllers",
+    "pool_name",
+    "recorded_pools",
+]
 
 _TRAILING_NUMBER = re.compile(r"[\s_\-.:#/]*\d+\Z")
 _THREAD_N = re.compile(r"\AThread-\d+")
@@ -25,8 +32,16 @@ def pool_name(name: str) -> str:
     """The pool a thread's name puts it in: its name without a trailing
     number (``ThreadPoolExecutor-0_3`` -> ``ThreadPoolExecutor-0``,
     ``Thread-7 (worker)`` -> ``Thread (worker)``)."""
+    if name == _FEEDER[:15]:  # the kernel's name for it, cut to 15 bytes
+        return _FEEDER
     stem = _THREAD_N.sub("Thread", name)
     return _TRAILING_NUMBER.sub("", stem) or name
+
+
+#: A ``multiprocessing.Queue``'s feeder: one thread a queue, never a pool
+#: sized from anything, so never "sized from the host".
+_FEEDER = "QueueFeederThread"
+ONE_EACH = frozenset({_FEEDER})
 
 
 #: How long threadpoolctl's list of the loaded libraries is kept: its scan

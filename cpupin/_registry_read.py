@@ -121,6 +121,78 @@ def _pools(value: object) -> tuple[RecordedPool, ...]:
     return tuple(out)
 
 
+class RecordedHold(NamedTuple):
+    """A wake-latency hold a process's record says is in force
+    (:func:`cpupin.hold_wake_latency`)."""
+
+    mechanism: str
+    cpus: frozenset[int]
+    max_us: int
+    since: float
+    previous: tuple[tuple[int, str], ...]
+    """``sysfs``: each CPU's value before the hold, to put back."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "mechanism": self.mechanism,
+            "cpus": sorted(self.cpus),
+            "cpus_list": format_cpulist(self.cpus),
+            "max_us": self.max_us,
+            "since": self.since,
+            "previous": {str(c): v for c, v in self.previous} or None,
+        }
+
+
+_LATENCY_TEXT = re.compile(r"\An/a\Z|\A\d{1,10}\Z")
+
+
+def _drift(value: object) -> tuple[int, str]:
+    if value is None:
+        return (0, "")
+    if not isinstance(value, dict):
+        raise ValueError("pin_drift is not an object")
+    return (
+        _whole(value.get("total"), 0, 1 << 62, "pin_drift total"),
+        _text(value.get("last"), "pin_drift last", 240),
+    )
+
+
+def _holds(value: object, host: frozenset[int]) -> tuple[RecordedHold, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > 16:
+        raise ValueError("wake_holds is not a list of at most 16")
+    out = []
+    for h in value:
+        if not isinstance(h, dict):
+            raise ValueError("a wake hold is not an object")
+        mechanism = h.get("mechanism")
+        if mechanism not in ("sysfs", "dma"):
+            raise ValueError(f"a wake hold's mechanism {excerpt(mechanism)} is not sysfs or dma")
+        cpus = _cpus(h.get("cpus"), "a wake hold's", host)
+        previous: list[tuple[int, str]] = []
+        raw = h.get("previous")
+        if mechanism == "sysfs":
+            if not isinstance(raw, dict) or len(raw) != len(cpus):
+                raise ValueError("a sysfs wake hold's previous values are not one a CPU")
+            for key, text in raw.items():
+                if not (key.isascii() and key.isdigit() and int(key) in cpus):
+                    raise ValueError(f"a wake hold's previous value names CPU {excerpt(key)}")
+                if not isinstance(text, str) or not _LATENCY_TEXT.match(text):
+                    raise ValueError(f"a wake hold's previous value {excerpt(text)} is not one")
+                previous.append((int(key), text))
+        out.append(
+            RecordedHold(
+                mechanism,
+                cpus,
+                _whole(h.get("max_us"), 0, 2_000_000_000, "a wake hold's max_us"),
+                _seconds(h.get("since"), "a wake hold's since"),
+                tuple(sorted(previous)),
+            )
+        )
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Record:
     """A record found in the lock directory, checked, with its liveness.
@@ -154,6 +226,10 @@ class Record:
     """The (pid, start time) of the process that prunes this one's record."""
     pools: tuple[RecordedPool, ...] = ()
     """The process's pools as it named them (for the census from outside)."""
+    wake_holds: tuple[RecordedHold, ...] = ()
+    """The wake-latency holds it has in force."""
+    pin_drift: tuple[int, str] = (0, "")
+    """How many times its pins were found off their CPUs, and the last."""
     out_of_date: str = ""
     """Why the record is older than the process's pins (an update it could
     not write: a full disk, a file size limit); empty while it is current."""
@@ -190,6 +266,12 @@ class Record:
             out["process_mask"] = sorted(self.process_mask) or None
             out["out_of_date"] = self.out_of_date or None
             out["recorded_pools"] = [p._asdict() | {"tids": list(p.tids)} for p in self.pools]
+            out["wake_holds"] = [h.as_dict() for h in self.wake_holds]
+            out["pin_drift"] = (
+                {"total": self.pin_drift[0], "last": self.pin_drift[1]}
+                if self.pin_drift[0]
+                else None
+            )
             out["pins"] = [
                 {
                     "tid": p.tid,
@@ -483,6 +565,8 @@ def _process(
         server=server,
         process_mask=mask,
         pools=_pools(record.get("pools")),
+        wake_holds=_holds(record.get("wake_holds"), host),
+        pin_drift=_drift(record.get("pin_drift")),
         out_of_date=""
         if record.get("out_of_date") is None
         else _text(record.get("out_of_date"), "out_of_date", 240),
@@ -658,6 +742,34 @@ def _read_live(
     return record
 
 
+def _restore_holds(dir_fd: int, name: str, named: re.Match[str]) -> list[str]:
+    """Put back the sysfs wake-latency holds a dead process's record lists."""
+    from ._pmqos import restore
+
+    pid, started = int(named.group(1)), int(named.group(2))
+    try:
+        fd, _ = _open_record(dir_fd, name)
+        record = _decode(fd)
+        if record is None or "wake_holds" not in record:
+            return []
+        if (record.get("pid"), record.get("start_time")) != (pid, started):
+            return [f"pid {pid}: its record names another process; its holds left as they are"]
+        host = _native.online_cpus()
+        holds = _holds(record.get("wake_holds"), host)
+    except (OSError, ValueError) as exc:
+        return [f"pid {pid}: its wake holds could not be read ({_reason(exc)}); left as they are"]
+    notes = []
+    for h in holds:
+        if h.mechanism != "sysfs":
+            continue  # the kernel dropped a dma request with its descriptor
+        left = restore(dict(h.previous), h.max_us)
+        notes.append(
+            f"pid {pid}: wake latency of CPUs {format_cpulist(h.cpus)} put back"
+            + (f" ({'; '.join(left)})" if left else "")
+        )
+    return notes
+
+
 def prune_members(server: tuple[int, int], directory: str | None = None) -> list[str]:
     """Remove the records of exited processes that name ``server`` (pid,
     start time) as theirs (:func:`cpupin.registry.describe_process`'s
@@ -726,14 +838,22 @@ def parent_pinned_to(cpus: frozenset[int]) -> bool:
     return False
 
 
-def prune(directory: str | os.PathLike[str] | None = None) -> list[str]:
+def prune(
+    directory: str | os.PathLike[str] | None = None, restored: list[str] | None = None
+) -> list[str]:
     """Remove the stale process records in the lock directory that this
     user owns (a process killed before it could remove its own), however
     many; returns their paths. Staleness comes from each name's pid and
-    start time, as :func:`read_registry` judges it; nothing is parsed. Lock
-    files are never removed (see :mod:`cpupin.lock`): a stale server record
-    there is harmless and is overwritten by the next server that takes the
-    lock."""
+    start time, as :func:`read_registry` judges it. Lock files are never
+    removed (see :mod:`cpupin.lock`): a stale server record there is
+    harmless and is overwritten by the next server that takes the lock.
+
+    A dead process's wake-latency holds through sysfs outlive it: before its
+    record goes, each held CPU gets back the value it had before the hold,
+    where it still holds the held value (the record is parsed for this as
+    any record is, hostile; only root could have written those values, so
+    only root's records are read for them). What was put back, or why not,
+    goes to ``restored``."""
     where = lock_dir(directory)
     removed = []
     me = os.geteuid()
@@ -747,6 +867,10 @@ def prune(directory: str | os.PathLike[str] | None = None) -> list[str]:
                 info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if info.st_uid != me or not stat.S_ISREG(info.st_mode):
                     continue
+                if me == 0:
+                    notes = _restore_holds(dir_fd, name, found)
+                    if restored is not None:
+                        restored.extend(notes)
                 os.unlink(name, dir_fd=dir_fd)
             except OSError:
                 continue

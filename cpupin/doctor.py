@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from .handoff import HandoffResult, handoff, pair_kinds
 from .topology import Host, IdleState
 
-__all__ = ["IDLE_PENALTY_NS", "IDLE_STATE_US", "Diagnosis", "diagnose", "measure_host"]
+__all__ = [
+    "IDLE_PENALTY_NS",
+    "IDLE_STATE_US",
+    "Diagnosis",
+    "diagnose",
+    "measure_hold",
+    "measure_host",
+]
 
 #: Pinning pays when a handoff to an idle core costs this much more than one
 #: to the same core while it runs: the cost of leaving a deep idle state.
@@ -42,13 +49,17 @@ class Diagnosis:
     """The doctor's answer."""
 
     verdict: str
-    """``"auto"`` (turn pinning on) or ``"off"`` (keep it off)."""
+    """``"auto"`` (turn pinning on), ``"hold"`` (keep pinning off, hold the
+    step CPUs' wake latency instead) or ``"off"`` (neither)."""
     why: str
     deepest_idle_state: IdleState | None
     handoff: dict[str, HandoffResult] = field(default_factory=dict)
     """Pair kind (``same CPU busy``, ``other core idle`` ...) to its result."""
     measured_on: str = "this machine"
     notes: tuple[str, ...] = ()
+    hold: str = ""
+    """What holding the wake latency does to the idle handoff (the ``held``
+    measurement), or why it was not measured; empty for a shipped host."""
 
     def as_dict(self) -> dict[str, object]:
         deepest = self.deepest_idle_state
@@ -71,6 +82,7 @@ class Diagnosis:
             },
             "measured_on": self.measured_on,
             "notes": list(self.notes),
+            "hold": self.hold or None,
         }
 
 
@@ -119,6 +131,62 @@ def measure_host(
     return out
 
 
+#: The hold pays when it removes at least this share of what waking an idle
+#: core costs over a handoff on the same CPU, and at least
+#: :data:`HOLD_SAVING_NS`: a wake that costs little is not worth idle CPUs
+#: that poll.
+HOLD_SHARE = 0.5
+HOLD_SAVING_NS = 10_000
+
+
+def measure_hold(
+    handoffs: dict[str, HandoffResult],
+    idle_rounds: int = 300,
+    *,
+    repeats: int = REPEATS,
+) -> str:
+    """Measure the idle handoff again while every CPU's wake latency is held
+    at 0 (``/dev/cpu_dma_latency``: the kernel drops it when the descriptor
+    closes, however the doctor ends), and add it to ``handoffs`` as
+    ``<kind> held``. Returns why it was not measured, or empty."""
+    from .wake import HoldRefused, hold_wake_latency
+
+    kind = _idle_kind(handoffs)
+    if kind is None:
+        return "not measured: no idle handoff to another core to compare"
+    cpus = handoffs[kind].cpus
+    try:
+        hold = hold_wake_latency(None, 0, mechanism="dma")
+    except HoldRefused as exc:
+        return f"not measured: {exc.strerror}"
+    try:
+        runs = [
+            handoff(cpus, rounds=idle_rounds, warmup=idle_rounds // 10, idle_us=IDLE_WAIT_US)
+            for _ in range(max(1, repeats))
+        ]
+    finally:
+        hold.release()
+    handoffs[kind.replace(" idle", " held")] = min(runs, key=_idle_cost)
+    return ""
+
+
+def _idle_kind(handoffs: dict[str, HandoffResult]) -> str | None:
+    return next(
+        (
+            k
+            for k in (
+                "other core idle",
+                "same L3 idle",
+                "other L3 idle",
+                "SMT sibling idle",
+                "other node idle",
+            )
+            if k in handoffs
+        ),
+        None,
+    )
+
+
 def _us(ns: float | None) -> str:
     return "?" if ns is None else f"{ns / 1000:.0f} µs" if ns >= 10_000 else f"{ns / 1000:.1f} µs"
 
@@ -132,9 +200,62 @@ def diagnose(
     handoffs: dict[str, HandoffResult] | None,
     measured_on: str = "this machine",
     noise: list[str] | None = None,
+    hold_unmeasured: str = "",
 ) -> Diagnosis:
     """The verdict for ``host``: from ``handoffs`` when given, else from its
-    idle states alone; ``noise`` (from :func:`measure_host`) joins the notes."""
+    idle states alone; ``noise`` (from :func:`measure_host`) joins the notes.
+    A ``<kind> held`` handoff (:func:`measure_hold`) judges the hold:
+    where pinning does not pay but the hold removes most of an idle wake's
+    cost, the verdict is ``hold``; ``hold_unmeasured`` says why it is
+    missing. Pure."""
+    diagnosis = _diagnose(host, handoffs, measured_on, noise)
+    if not handoffs:
+        return diagnosis
+    return _judge_hold(diagnosis, handoffs, hold_unmeasured)
+
+
+def _judge_hold(d: Diagnosis, handoffs: dict[str, HandoffResult], unmeasured: str) -> Diagnosis:
+    from dataclasses import replace
+
+    kind = _idle_kind(handoffs)
+    same = handoffs.get("same CPU busy")
+    held = handoffs.get(kind.replace(" idle", " held")) if kind else None
+    if kind is None or same is None or held is None:
+        return replace(d, hold=unmeasured or "not measured")
+    idle = _idle_cost(handoffs[kind])
+    now = _idle_cost(held)
+    wake = idle - same.median_ns
+    saved = idle - now
+    pays = wake > 0 and saved >= HOLD_SHARE * wake and saved >= HOLD_SAVING_NS
+    how = (
+        "CPUPIN_WAKE_LATENCY_US=0 with a plan that pins, cpupin exec --wake-latency 0, "
+        "or cpupin.hold_wake_latency(step CPUs)"
+    )
+    text = (
+        f"an idle handoff costs {_us(idle)}, and {_us(now)} while the wake latency is held "
+        f"at 0 µs: the hold {'removes' if pays else 'does not remove'} most of an idle "
+        f"wake's cost ({_us(max(wake, 0))} over a handoff on the same CPU)"
+    )
+    if not pays:
+        return replace(d, hold=f"does not pay: {text}")
+    if d.verdict == "off":
+        why = (
+            f"{d.why}; but {text}, at the price of idle CPUs that poll: hold the step and "
+            f"result CPUs' wake latency ({how})"
+        )
+        return replace(d, verdict="hold", why=why, hold=f"pays: {text}")
+    return replace(
+        d,
+        hold=f"pays: {text}; it needs no pinned core, only CPUs that poll when idle ({how})",
+    )
+
+
+def _diagnose(
+    host: Host,
+    handoffs: dict[str, HandoffResult] | None,
+    measured_on: str,
+    noise: list[str] | None,
+) -> Diagnosis:
     deepest = host.deepest_idle_state()
     notes = list(noise or [])
     if host.hypervisor:
@@ -158,20 +279,7 @@ def diagnose(
         )
         return Diagnosis(verdict, why, deepest, {}, "nowhere", tuple(notes))
     same = handoffs.get("same CPU busy")
-    idle_kind = next(
-        (
-            k
-            for k in (
-                "other core idle",
-                "same L3 idle",
-                "other L3 idle",
-                "SMT sibling idle",
-                "other node idle",
-            )
-            if k in handoffs
-        ),
-        None,
-    )
+    idle_kind = _idle_kind(handoffs)
     if same is None or idle_kind is None:
         return Diagnosis(
             "off",

@@ -1,5 +1,6 @@
 """Device interrupts that land on pinned cores: which, how often, and what
-would keep them off. Read only: cpupin never writes ``/proc/irq``.
+would keep them off. Read only: moving them is :mod:`cpupin.irq_steer`'s
+(``cpupin irqs --apply``), never a side effect of reading.
 
 A step thread pinned to a core shares it with whatever interrupts the
 kernel sends there: a NIC's receive queue, an NVMe queue, the GPU's own.

@@ -37,6 +37,7 @@ from typing import Any
 from ._sysfs import Reader
 from .cgroup import Quota
 from .cpulist import format_cpulist
+from .numa_memory import memory_by_node
 from .pool_census import census
 from .process import process_cpus, thread_masks
 from .registry import Record, Registry, read_registry
@@ -103,6 +104,31 @@ def _collect(
         "Quota periods in which the process's cgroup ran out of quota (cpu.stat)",
         labels=["pid"],
     )
+    held = GaugeMetricFamily(
+        "cpupin_wake_latency_hold_microseconds",
+        "A wake-latency hold in force: the most µs a wake of its CPUs may take (0: they poll)",
+        labels=["pid", "cpus", "mechanism"],
+    )
+    held_since = GaugeMetricFamily(
+        "cpupin_wake_latency_hold_since_seconds",
+        "When a wake-latency hold in force was taken (Unix time)",
+        labels=["pid", "cpus", "mechanism"],
+    )
+    memory = GaugeMetricFamily(
+        "cpupin_process_memory_bytes",
+        "Resident memory of the process on a NUMA node (numa_maps)",
+        labels=["pid", "node"],
+    )
+    remote = GaugeMetricFamily(
+        "cpupin_process_memory_remote_bytes",
+        "Resident memory of the process on nodes none of its CPUs belong to",
+        labels=["pid"],
+    )
+    drift = CounterMetricFamily(
+        "cpupin_pin_drift",
+        "Times a pinned thread was found off its pin (cpupin.check_pins, guard_pins)",
+        labels=["pid"],
+    )
     step_wait, step_wall, step_throttled, info = _step_families()
     for target in pids:
         own = target is None or target == os.getpid()
@@ -123,9 +149,31 @@ def _collect(
         _throttling(quota, pid, throttled, periods)
         if own:
             _steps(pid, step_wait, step_wall, step_throttled)
+            from .guard import drift_total
+            from .wake import holds
+
+            in_force = [(h.mechanism, h.cpus, h.max_us, h.since) for h in holds()]
+            drift.add_metric([pid], drift_total())
         else:
+            in_force = []
+            drifted = 0
             for record in _records_of(registry, target or 0):
                 _record_steps(record, step_wait, step_wall, step_throttled, info)
+                in_force += [(h.mechanism, h.cpus, h.max_us, h.since) for h in record.wake_holds]
+                drifted += record.pin_drift[0]
+            drift.add_metric([pid], drifted)
+        try:
+            where = memory_by_node(target, mask=mask)
+        except OSError:
+            where = None
+        if where is not None:
+            for node, size in sorted(where.by_node.items()):
+                memory.add_metric([pid, str(node)], size)
+            remote.add_metric([pid], where.remote)
+        for mechanism, cpus, max_us, since in in_force:
+            labels = [pid, format_cpulist(cpus), mechanism]
+            held.add_metric(labels, max_us)
+            held_since.add_metric(labels, since)
         stray = 0
         for st, cpus in threads:
             role, pinned = roles.get(st.tid, ("", frozenset()))
@@ -142,7 +190,8 @@ def _collect(
             wait.add_metric(values, st.wait_ns / 1e9)
         count.add_metric([pid], len(threads))
         strays.add_metric([pid], stray)
-    yield from (cpu, wait, count, strays, usable, pool, throttled, periods)
+    yield from (cpu, wait, count, strays, usable, pool, throttled, periods, held, held_since)
+    yield from (memory, remote, drift)
     yield from (step_wait, step_wall, step_throttled, info)
 
 

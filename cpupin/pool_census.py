@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._native import ThreadStat
 from ._pool_names import (
+    ONE_EACH,
     controllers,
     pool_name,
     recorded_pools,
@@ -288,12 +289,15 @@ def census(
     pools = []
     for (name, guess), members in groups.items():
         idle = 0 if active is None else sum(t not in active for t, _ in members)
+        # Threads one a queue (feeders) are as many as the queues, each as
+        # busy as its queue: not a pool that any size could fit.
+        judged = FITS if name in ONE_EACH else verdict(len(members), usable, sizes, idle)
         pools.append(
             Pool(
                 name,
                 len(members),
                 usable,
-                verdict(len(members), usable, sizes, idle),
+                judged,
                 "threads",
                 tuple(t for t, _ in members),
                 sum(s for _, s in members),

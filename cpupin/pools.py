@@ -315,6 +315,12 @@ def limit_pools(
     size = plan.pool_size("intra_op")
     _limit_torch(env, size, limits)
     _limit_libraries(env, size, limits)
+    if environ is None:
+        # A process that sizes its pools with cpupin says so in its record:
+        # `cpupin ps` lists it, with its pools named as it names them.
+        from . import registry
+
+        registry.add_note("limit_pools", f"limit_pools(): {limits}")
     return limits
 
 

@@ -103,6 +103,7 @@ __all__ = [
     "prune",
     "prune_members",
     "read_registry",
+    "add_note",
     "describe_process",
     "register_pins",
     "step_figures",
@@ -141,6 +142,8 @@ MAX_NOTES = 16
 MAX_NOTE = 240
 #: The most step clocks a record carries.
 MAX_CLOCKS = 8
+#: The most wake-latency holds a record carries.
+MAX_HOLDS = 16
 
 
 def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
@@ -183,6 +186,8 @@ def describe_process(
     steps: Iterable[dict[str, Any]] | None = None,
     server: tuple[int, int] | None = None,
     mask: Iterable[int] | None = None,
+    wake_holds: Iterable[dict[str, Any]] | None = None,
+    pin_drift: dict[str, Any] | None = None,
     directory: str | None = None,
 ) -> None:
     """Say in this process's record what it is beside its pins: its
@@ -193,7 +198,10 @@ def describe_process(
     prunes its record should it be killed: :func:`prune_members`), and its
     process ``mask`` where cpupin changed it (:func:`cpupin.bind_process`,
     :func:`cpupin.set_process_cpus`): the outside view takes it over the
-    ``CPUPIN_PROCESS_CPUS`` the process started with.
+    ``CPUPIN_PROCESS_CPUS`` the process started with. ``wake_holds``: the
+    wake-latency holds in force (:func:`cpupin.hold_wake_latency`), with
+    the values to put back should the process die. ``pin_drift``: how many
+    drifts :func:`cpupin.check_pins` found, and the last.
     ``None`` leaves that part as it was. A record written only for this
     (no pins) is still the process's record: ``cpupin ps`` lists it. Best
     effort, as :func:`register_pins`."""
@@ -208,6 +216,28 @@ def describe_process(
             _about["server"] = [int(server[0]), int(server[1])]
         if mask is not None:
             _about["process_mask"] = sorted({int(c) for c in mask})
+        if pin_drift is not None:
+            _about["pin_drift"] = {
+                "total": int(pin_drift["total"]),
+                "last": printable(str(pin_drift["last"]), MAX_NOTE),
+            }
+        if wake_holds is not None:
+            listed = list(wake_holds)[:MAX_HOLDS]
+            if listed:
+                _about["wake_holds"] = listed
+            else:
+                _about.pop("wake_holds", None)
+        _write(directory)
+
+
+def add_note(key: str, text: str, directory: str | None = None) -> None:
+    """Add one line to this process's record's notes, in place of the line
+    added before under the same ``key`` (the first word of the line), the
+    others kept. Best effort, as :func:`register_pins`."""
+    with _lock:
+        line = printable(str(text), MAX_NOTE)
+        notes = [n for n in _about.get("notes", []) if not str(n).startswith(key)]
+        _about["notes"] = (notes + [line])[-MAX_NOTES:]
         _write(directory)
 
 

@@ -224,6 +224,10 @@ class Audit:
     deliberate pin be told from a stray."""
     deliberate: frozenset[int] = frozenset()
     """The tids whose mask is a registered pin of theirs."""
+    off_pin: tuple[tuple[int, str, frozenset[int], frozenset[int]], ...] = ()
+    """Registered pins whose thread runs elsewhere now: (tid, name, pin, mask)."""
+    pin_drift: int = 0
+    """The drifts the process's own checks counted (its record's)."""
 
     @property
     def threads(self) -> int:
@@ -263,6 +267,18 @@ class Audit:
                 }
                 for cpus, members in self.groups.items()
             ],
+            "off_pin": [
+                {
+                    "tid": tid,
+                    "name": name,
+                    "pinned": sorted(pinned),
+                    "pinned_list": format_cpulist(pinned),
+                    "mask": sorted(now),
+                    "mask_list": format_cpulist(now),
+                }
+                for tid, name, pinned, now in self.off_pin
+            ],
+            "pin_drift": self.pin_drift,
         }
 
 
@@ -284,7 +300,15 @@ def audit(pid: int, registry: Registry | None = None, lock_dirs: list[str] | Non
     found = registry if registry is not None else registry_of(pid, lock_dirs)
     pins = {p.tid: p.cpus for p in found.pins_of(pid)}
     deliberate = frozenset(st.tid for st, cpus in threads if pins.get(st.tid) == cpus)
-    return Audit(pid, mask, source, ordered, found.knows(pid), deliberate)
+    off_pin = tuple(
+        (st.tid, st.name, pins[st.tid], cpus)
+        for st, cpus in threads
+        if st.tid in pins and pins[st.tid] != cpus
+    )
+    drifted = sum(
+        r.pin_drift[0] for r in found.records if r.kind == "process" and r.live and r.pid == pid
+    )
+    return Audit(pid, mask, source, ordered, found.knows(pid), deliberate, off_pin, drifted)
 
 
 def _sample(
@@ -324,12 +348,14 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
             threads=[], interlopers=[], sample_error=None, usable_cpus=None, throttling=None
         )
         entry["pools"] = []
+        entry["memory"] = None
         result = samples.get(record.pid)
         if record.live and isinstance(result, Sampler):
             got, throttling = result.samples, result.throttling
             entry["throttling"] = throttling.as_dict() if throttling else None
             ran = [s.tid for s in got if s.cpu_ms_per_s > 0]
             entry.update(_pools_of(record, result.threads, ran))
+            entry["memory"] = _memory_of(record.pid, result.threads)
             by_tid = {s.tid: s for s in got}
             pinned = {p.tid: p for p in record.pins}
             threads = []
@@ -379,6 +405,20 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
         "ignored": [{"path": path, "reason": reason} for path, reason in registry.ignored],
         "not_listed": registry.not_listed,
     }
+
+
+def _memory_of(
+    pid: int, threads: list[tuple[_native.ThreadStat, frozenset[int]]]
+) -> dict[str, object] | None:
+    """A process's memory by node against the nodes of its mask."""
+    from .numa_memory import memory_summary
+    from .process import process_mask_of
+
+    try:
+        mask = process_mask_of(pid, [m for _, m in threads])[0]
+    except (OSError, ValueError):
+        return None
+    return memory_summary(pid, mask)
 
 
 def _pools_of(

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import registry
 from .cpulist import format_cpulist
@@ -24,6 +25,9 @@ from .lock import Claim, claim_gpus
 from .placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
 from .process import ENV_PROCESS_CPUS, process_cpus, start_time
 from .topology import Gpu, Host, parse_pci_address, read_host
+
+if TYPE_CHECKING:
+    from .wake import WakeHold
 
 __all__ = [
     "ServerPlan",
@@ -215,6 +219,15 @@ class ServerPlan:
     claim: Claim | None
     cpu_plan: CpuPlan
     host: Host
+    wake_hold: WakeHold | None = None
+    """The hold on the wake latency of the pinned CPUs (``wake_latency_us``),
+    released with :meth:`release_wake_hold` or at exit."""
+    wake_refused: str = ""
+    """Why a hold that was asked for was not taken; empty otherwise."""
+
+    def release_wake_hold(self) -> list[str]:
+        """End the hold on the pinned CPUs' wake latency, if any."""
+        return self.wake_hold.release() if self.wake_hold is not None else []
 
     @property
     def pinned(self) -> bool:
@@ -261,6 +274,7 @@ def plan_server(
     mask: Iterable[int] | None = None,
     lock_dir: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    wake_latency_us: int | None = None,
 ) -> ServerPlan:
     """Plan a server at startup: read the host, place, claim under ``auto``.
 
@@ -270,8 +284,17 @@ def plan_server(
     stops pinning (a rule, OpenMP's own affinity, another server holding a
     GPU) pins nothing and logs a warning naming it; the plan's
     :meth:`ServerPlan.child_env` then turns its workers' setting off.
+
+    ``wake_latency_us`` (``None``: ``CPUPIN_WAKE_LATENCY_US``, unset for
+    none) holds the wake latency of the CPUs the plan pins, step and result
+    CPUs only (:func:`cpupin.hold_wake_latency`, ``0``: they poll when
+    idle), for as long as the process lives or until
+    :meth:`ServerPlan.release_wake_hold`. A hold the host refuses (no root,
+    no cpuidle, a container) leaves the plan as it is, with a warning and
+    :attr:`ServerPlan.wake_refused`.
     """
     env = os.environ if environ is None else environ
+    hold_us = wake_latency_from_env(env) if wake_latency_us is None else wake_latency_us
     value = setting_from_env(env) if setting is None else parse_setting(setting)
     host = read_host(root)
     allowed = (frozenset(mask) if mask is not None else process_cpus()) & host.cpus
@@ -296,9 +319,45 @@ def plan_server(
         if not placement.pinned:
             log.warning("cpupin auto: %s", placement.reason)
     cpu_plan = CpuPlan.for_host(host, allowed, placement.cpus)
+    hold, refused = None, ""
     if os.fspath(root) == "/":  # this process's own plan, not a tree's
         _relimit(cpu_plan, placement)
-    return ServerPlan(placement, claim, cpu_plan, host)
+        if hold_us is not None and placement.pinned:
+            hold, refused = _hold(placement, hold_us)
+    return ServerPlan(placement, claim, cpu_plan, host, hold, refused)
+
+
+#: The variable that asks :func:`plan_server` to hold the pinned CPUs' wake latency.
+ENV_WAKE_LATENCY = "CPUPIN_WAKE_LATENCY_US"
+
+
+def wake_latency_from_env(environ: Mapping[str, str]) -> int | None:
+    """``CPUPIN_WAKE_LATENCY_US`` as a number of µs (unset or empty: ``None``).
+    :class:`PlanError` naming the value for anything else."""
+    from .wake import MAX_US
+
+    value = environ.get(ENV_WAKE_LATENCY)
+    if value is None or value == "":
+        return None
+    body = value.strip()
+    if not (body.isascii() and body.isdigit() and len(body) <= 10 and int(body) <= MAX_US):
+        raise PlanError(
+            f"{ENV_WAKE_LATENCY}={excerpt(value)}: not a whole number of µs from 0 to {MAX_US} "
+            "(0: the pinned CPUs poll when idle); unset it to hold nothing"
+        )
+    return int(body)
+
+
+def _hold(placement: Placement, max_us: int) -> tuple[WakeHold | None, str]:
+    from .wake import HoldRefused, hold_wake_latency
+
+    try:
+        hold = hold_wake_latency(placement.cpus, max_us)
+    except HoldRefused as exc:
+        why = f"wake latency of CPUs {format_cpulist(placement.cpus)} not held: {exc.strerror}"
+        log.warning("cpupin: %s", why)
+        return None, why
+    return hold, ""
 
 
 def _relimit(cpu_plan: CpuPlan, placement: Placement) -> None:

@@ -361,6 +361,8 @@ def _feeder_queue_class() -> type:
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor as ThreadPool
+
+    from ._drift import Drift
 else:
 
     def __getattr__(name: str) -> Any:
@@ -516,6 +518,25 @@ class Pin:
                 if self.tid in _pins and _pins[self.tid][0] == self.cpus:
                     del _pins[self.tid]
                     _publish()
+
+    def check(self) -> Drift | None:
+        """Whether the thread is still on its pin: ``None``, else the
+        :class:`~cpupin.guard.Drift` with its likely cause (not counted, not
+        re-applied: :func:`cpupin.check_pins` does both for every pin)."""
+        from ._drift import Drift, likely_cause
+
+        if self._released:
+            return None
+        try:
+            now = _native.get_affinity(0 if self.tid == _native.gettid() else self.tid)
+        except (ProcessLookupError, OSError):
+            return None
+        if now == self.cpus or not _alive(self.tid, self._started):
+            return None
+        with _pins_lock:
+            _, role, name, _ = _pins.get(self.tid, (self.cpus, "pinned", "", None))
+        cause = likely_cause(now, self.cpus, process_cpus(), os.environ)
+        return Drift(self.tid, name, role, self.cpus, now, cause)
 
     def __enter__(self) -> Pin:
         return self

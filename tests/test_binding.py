@@ -387,6 +387,7 @@ def test_exec_dry_run_json_has_exactly_the_documented_shape():
         "reason",
         "pools",
         "cpus_from",
+        "wake_latency_us",
         "argv",
     }
     assert set(data["memory"]) == {"policy", "nodes"}

@@ -188,3 +188,39 @@ def test_a_record_that_lists_too_many_thread_ids_is_refused():
     with pytest.raises(ValueError, match="at most 512"):
         _pools([pool])
     assert _pools([{**pool, "tids": list(range(1, 513))}])[0].threads == 600
+
+
+# The newcomer's runtime as it was walked: no pin, `limit_pools()`, a queue a
+# host CPU on a narrower mask. Its record (written by limit_pools) puts it in
+# `ps`, and its feeders, one a queue, are never "sized from the host".
+NEWCOMER = """
+import os, sys
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+import cpupin
+cpupin.limit_pools()
+queues = [cpupin.Queue() for _ in range(os.cpu_count())]
+for q in queues:
+    q.put(1)
+for q in queues:
+    q.get()
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_runtime_that_only_limits_its_pools_is_listed_and_its_feeders_judged_right(tmp_path):
+    env = {**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}
+    child = ready_child(NEWCOMER, tmp_path)
+    try:
+        ps = run([sys.executable, "-m", "cpupin", "ps", "--json", "--interval", "0.05"], env=env)
+        threads = run([sys.executable, "-m", "cpupin", "threads", str(child.pid), "--json"],
+                      env=env)  # fmt: skip
+    finally:
+        child.communicate("\n", timeout=30)
+    assert ps.returncode == 0 and threads.returncode == 0, ps.stderr + threads.stderr
+    (proc,) = [p for p in json.loads(ps.stdout)["processes"] if p["pid"] == child.pid]
+    assert any(n.startswith("limit_pools(): usable CPUs 1") for n in proc["notes"]), proc["notes"]
+    feeders = _by_name(json.loads(threads.stdout))["QueueFeederThread"]
+    assert feeders["threads"] == os.cpu_count() and not feeders["guess"]
+    assert feeders["verdict"] == "fits" and feeders["remedy"] is None  # one a queue: no pool
+    assert feeders["usable_cpus"] == 1

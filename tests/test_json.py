@@ -31,6 +31,7 @@ def test_the_page_documents_every_reporting_command():
         "handoff",
         "exec",
         "ps",
+        "irqs",
     }
 
 

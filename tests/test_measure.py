@@ -181,7 +181,7 @@ def doctor_json(*args, capsys):
 def test_the_doctor_on_this_machine_follows_its_own_numbers(capsys):
     data = doctor_json(capsys=capsys)
     assert {"verdict", "why", "deepest_idle_state", "handoff_ns"} <= set(data)
-    assert data["verdict"] in ("auto", "off")
+    assert data["verdict"] in ("auto", "off", "hold")
     host = read_host("/")
     deepest = host.deepest_idle_state()
     if deepest is None:  # a VM that lists no idle states: the doctor says so
@@ -198,7 +198,13 @@ def test_the_doctor_on_this_machine_follows_its_own_numbers(capsys):
         penalty = (idle["wake_median_ns"] or idle["median_ns"]) - handoffs[f"{kind} busy"][
             "median_ns"
         ]
-        assert data["verdict"] == ("auto" if penalty >= IDLE_PENALTY_NS else "off")
+        if penalty >= IDLE_PENALTY_NS:
+            assert data["verdict"] == "auto"
+        else:  # pinning does not pay; the hold, where it was measured and pays, does
+            pays = (data["hold"] or "").startswith("pays")
+            assert data["verdict"] == ("hold" if pays else "off"), data["hold"]
+            held = handoffs.get(f"{kind} held")
+            assert (held is not None) or not pays
     if host.hypervisor:
         assert any("virtual machine" in note for note in data["notes"])
 

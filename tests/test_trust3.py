@@ -1035,6 +1035,10 @@ def test_top_names_what_to_do_for_each_kind_of_stall(stalls):
         assert "at most 3 busy thread(s)" in text and "raise the quota" in text
     if "contention" in stalls:
         assert "cpupin threads 4242" in text
+    capped = " ".join(stall_remedies(stalls, 4242, 3, capped=True))
+    if "quota" in stalls:  # its pools are capped already: capping is not the advice
+        assert "already capped" in capped and "limit_pools" not in capped
+        assert "raise the quota" in capped
 
 
 def test_threads_prints_a_remedy_under_a_pool_sized_from_the_host(capsys):

@@ -29,7 +29,7 @@ REPORT = "https://github.com/cpupin/cpupin/issues"
 Handler = Callable[[argparse.Namespace], int]
 
 #: The modules of the subcommands, in the order --help lists them.
-COMMANDS = ("threads", "topo", "plan", "top", "handoff", "bind", "doctor", "ps")
+COMMANDS = ("threads", "topo", "plan", "top", "handoff", "bind", "doctor", "ps", "irqs")
 
 #: Each subcommand to its module: a run imports that one alone (``cpupin
 #: exec`` starts a server's workers; it must cost little more than Python).
@@ -43,6 +43,7 @@ MODULE_OF = {
     "exec": "bind",
     "doctor": "doctor",
     "ps": "ps",
+    "irqs": "irqs",
 }
 
 
@@ -54,6 +55,7 @@ examples:
   cpupin ps                         every registered process on this host, and its pins
   cpupin exec --node 0 -- CMD       run CMD on node 0's CPUs and memory, pools sized
   cpupin plan --host dgx-h100       where a server's threads would go on a shipped host
+  cpupin irqs --cpus 2,3            which device interrupts would move off CPUs 2-3 (--apply)
 
 exit codes:
   0  done; 1  a fault of cpupin's own (please report it); 2  bad input, or the

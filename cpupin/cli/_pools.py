@@ -60,3 +60,36 @@ def pool_lines(pools: Sequence[Mapping[str, object]], indent: str = "  ") -> lis
             "its pools in its record"
         )
     return lines
+
+
+def _size(n: object) -> str:
+    value = float(n) if isinstance(n, (int, float)) else 0.0
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def memory_lines(memory: Mapping[str, object] | None, indent: str = "") -> list[str]:
+    """Where the process's resident memory lies, node by node, and what to
+    do when much of it is away from its CPUs."""
+    if not memory:
+        return [f"{indent}memory: numa_maps not readable (another user's process, or no NUMA)"]
+    by_node = memory.get("bytes_by_node")
+    total = memory.get("total_bytes")
+    assert isinstance(by_node, dict) and isinstance(total, int)
+    local = memory.get("local_nodes") or []
+    assert isinstance(local, list)
+    parts = [
+        f"node {n} {_size(b)} ({b / total:.0%})" if total else f"node {n} {_size(b)}"
+        for n, b in by_node.items()
+    ]
+    line = f"{indent}memory: {_size(total)} resident: {', '.join(parts) or 'none'}"
+    line += f"; its CPUs are on node {','.join(map(str, local))}" if local else ""
+    if memory.get("partial"):
+        line += f" ({memory['partial']})"
+    out = [line]
+    if memory.get("advice"):
+        out.append(f"{indent}  -> {memory['advice']}")
+    return out

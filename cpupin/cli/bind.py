@@ -78,6 +78,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="leave the pool variables alone (by default OMP_NUM_THREADS, PYTHON_CPU_COUNT and "
         "the others are set to the CPUs the command can use, unless already set)",
     )
+    cmd.add_argument(
+        "--wake-latency",
+        type=_args.whole("--wake-latency", 0, 2_000_000_000),
+        metavar="US",
+        help="hold every CPU's wake latency at US µs or less while the command runs "
+        "(/dev/cpu_dma_latency, held by the command and dropped by the kernel when it exits; "
+        "0: idle CPUs poll). Root, on a host with cpuidle; cpupin doctor says whether it pays",
+    )
     cmd.add_argument("--dry-run", action="store_true", help="print the binding; run nothing")
     cmd.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
     _args.add_host(cmd)
@@ -170,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
                     **binding.as_dict(),
                     "pools": pools and pools.as_dict(),
                     "cpus_from": origin.as_dict(),
+                    "wake_latency_us": args.wake_latency,
                     "argv": argv,
                 }
             )
@@ -191,6 +200,11 @@ def run(args: argparse.Namespace) -> int:
         for warning in origin.warnings:
             print(f"warn   {warning}")
         print(f"pools  {pools if pools else 'left alone (--no-pools)'}")
+        if args.wake_latency is not None:
+            print(
+                f"wake   every CPU held at {args.wake_latency} µs or less while it runs "
+                "(/dev/cpu_dma_latency)"
+            )
         print(f"argv   {' '.join(argv)}  (a dry run: nothing applied, nothing run)")
         return 0
     # exec writes no record: the command it becomes is the process, and any
@@ -203,6 +217,12 @@ def run(args: argparse.Namespace) -> int:
     if binding.reason:  # a GPU whose node the mask misses: what to ask the launcher for
         print(f"cpupin exec: {binding.reason}", file=sys.stderr)
     env = {**os.environ, ENV_PROCESS_CPUS: format_cpulist(process_cpus())}
+    if args.wake_latency is not None:
+        # Refused (no root, no cpuidle, a container without the device):
+        # exit 2 with why, before anything runs.
+        from cpupin.wake import hold_for_exec
+
+        hold_for_exec(args.wake_latency)
     if not args.no_pools:
         env, limits = pool_env(cpu_plan(pinned=()), env)
         for name in limits.oversubscribed:

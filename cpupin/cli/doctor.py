@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from cpupin.binding import memory_binding_check
 from cpupin.cpulist import format_cpulist
 from cpupin.cpuplan import CpuPlan
-from cpupin.doctor import Diagnosis, diagnose, measure_host
+from cpupin.doctor import Diagnosis, diagnose, measure_hold, measure_host
 from cpupin.errors import PlanError
 from cpupin.irqs import MAX_LISTED, IrqOnPin, irqbalance_advice, read_irqs
 from cpupin.launcher import CpuOrigin, explain_cpus
@@ -99,13 +99,15 @@ def _examine(args: argparse.Namespace) -> _Report:
         process, mask, environ = _process_facts(args.pid)
         title = f"pid {args.pid} on this machine"
     handoffs = None
+    unmeasured = ""
     measured_on = "nowhere"
     noise: list[str] = []
     if here or args.measure_here:
         local = host if here else read_host("/")
         handoffs = measure_host(local, process_cpus() & local.cpus, noise=noise)
+        unmeasured = measure_hold(handoffs)
         measured_on = "this machine" if here else f"this machine, not {args.host or args.root}"
-    diagnosis = diagnose(host, handoffs, measured_on, noise)
+    diagnosis = diagnose(host, handoffs, measured_on, noise, unmeasured)
     if process is not None:
         plan = cpu_plan(args.pid, mask=mask)
     else:
@@ -318,11 +320,12 @@ def _print_text(r: _Report) -> None:
         print("handoff  not measured (a shipped host); --measure-here uses this machine's")
     for note in diagnosis.notes:
         print(f"note     {note}")
-    action = (
-        "turn step_thread_core auto on"
-        if diagnosis.verdict == "auto"
-        else "keep step_thread_core off"
-    )
+    if diagnosis.hold:
+        print(f"hold     {diagnosis.hold}")
+    action = {
+        "auto": "turn step_thread_core auto on",
+        "hold": "keep step_thread_core off; hold the step CPUs' wake latency",
+    }.get(diagnosis.verdict, "keep step_thread_core off")
     print(f"verdict  {diagnosis.verdict}: {action}")
     print(f"why      {diagnosis.why}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
@@ -12,7 +13,7 @@ from cpupin.registry import Registry, lock_dir, prune, read_registry
 from cpupin.sampling import host_view
 
 from . import _args
-from ._pools import pool_lines, throttle_text
+from ._pools import memory_lines, pool_lines, throttle_text
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,8 +53,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     where = lock_dir(args.lock_dir)
     if args.prune:
-        for path in prune(where):
+        restored: list[str] = []
+        for path in prune(where, restored):
             print(f"pruned   {printable(path, 200)}", file=sys.stderr)
+        for line in restored:
+            print(f"restored {printable(line, 200)}", file=sys.stderr)
     registry = read_registry(where)
     if args.prometheus:
         return _prometheus(registry)
@@ -108,6 +112,19 @@ def _text(data: dict[str, object]) -> None:
             )
         for note in p.get("notes", []):
             print(f"{'':8} {p['pid']:>8}    {printable(note, 240)}")
+        if p.get("pin_drift"):
+            drift = p["pin_drift"]
+            print(
+                f"{'':8} {p['pid']:>8}  pins found off their CPUs {drift['total']} time(s); "
+                f"last: {printable(drift['last'], 200)}"
+            )
+        for h in p.get("wake_holds", []):
+            what = "no wake latency" if h["max_us"] == 0 else f"wakes within {h['max_us']} µs"
+            where = "pm_qos_resume_latency_us" if h["mechanism"] == "sysfs" else "cpu_dma_latency"
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["since"]))
+            print(
+                f"{'':8} {p['pid']:>8}  holds CPUs {h['cpus_list']}: {what} ({where}) since {since}"
+            )
         for s in p.get("steps", []):
             print(
                 f"{'':8} {p['pid']:>8}  steps {s['clock']}: {s['steps']} on tid {s['tid']}, "
@@ -139,6 +156,9 @@ def _text(data: dict[str, object]) -> None:
             )
             for line in lines:
                 print(line)
+            if p.get("memory"):
+                for line in memory_lines(p["memory"]):
+                    print(f"{'':8} {p['pid']:>8}  {line}")
     for r in [*servers, *processes]:
         if not r["live"]:
             print(f"stale    {printable(r['path'], 160)}: {printable(r['stale_because'], 160)}")

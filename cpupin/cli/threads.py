@@ -7,12 +7,13 @@ import os
 
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
+from cpupin.numa_memory import memory_summary
 from cpupin.pool_census import census, pool_name
 from cpupin.process import process_cpus, thread_masks
 from cpupin.sampling import audit, process_mask_of
 
 from . import _args
-from ._pools import pool_lines
+from ._pools import memory_lines, pool_lines
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,6 +71,7 @@ def run_threads(args: argparse.Namespace) -> int:
         pid = args.pid
         mask, source = process_mask_of(pid, [m for _, m in threads])
     pools = census(args.pid)
+    memory = memory_summary(pid, mask)
     shared = (
         shared_narrow(pid, [(st.tid, st.name, m) for st, m in threads], mask)
         if source.startswith("the launcher's view")
@@ -88,6 +90,7 @@ def run_threads(args: argparse.Namespace) -> int:
                 ],
                 "usable_cpus": pools.usable_cpus,
                 "pools": [p.as_dict() for p in pools.pools],
+                "memory": memory,
                 "shared_narrow": shared,
             }
         )
@@ -111,6 +114,8 @@ def run_threads(args: argparse.Namespace) -> int:
         + ")"
     )
     for line in pool_lines([p.as_dict() for p in pools.pools]):
+        print(line)
+    for line in memory_lines(memory):
         print(line)
     if shared:
         _print_shared(shared)
@@ -221,6 +226,19 @@ def run_audit(args: argparse.Namespace) -> int:
                 "  No record of this process in the lock directory: from outside, a "
                 "deliberate pin and a stray look the same; inside the process, "
                 "cpupin.stray_threads() tells them apart."
+            )
+        for tid, name, pinned, now in report.off_pin:
+            print(
+                f"  {printable(name, 64)} ({tid}) is registered on {format_cpulist(pinned)} "
+                f"but runs on {format_cpulist(now)}: its pin drifted"
+            )
+        if report.pin_drift:
+            print(f"  the process's own checks found its pins off {report.pin_drift} time(s)")
+        if report.off_pin:
+            print(
+                "  -> something set a pinned thread's mask after cpupin did (an OpenMP "
+                "runtime, NCCL, a framework): cpupin.guard_pins() in the process names the "
+                "likely cause and pins it back"
             )
         if failing:
             print(

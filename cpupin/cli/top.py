@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     sampler = Sampler(args.pid)
     args.role = _role_of(args.pid or os.getpid())
     args.usable = _usable_of(args.pid)
+    args.capped = _capped(args.pid)
     counts = range(args.count) if args.count is not None else itertools.count()
     document: list[dict[str, object]] = []
     stopped: ProcessLookupError | None = None
@@ -90,7 +91,9 @@ def _samples(
         sampler.start()
         time.sleep(args.interval)
         samples = sampler.stop()
-        remedies = stall_remedies({s.stall for s in samples if s.stall}, args.pid, args.usable)
+        remedies = stall_remedies(
+            {s.stall for s in samples if s.stall}, args.pid, args.usable, args.capped
+        )
         if args.json or args.json_lines:
             throttling = sampler.throttling.as_dict() if sampler.throttling else None
             sample = {
@@ -132,17 +135,28 @@ def _samples(
         sys.stdout.flush()
 
 
-def stall_remedies(stalls: set[str], pid: int | None, usable: int | None) -> list[str]:
+def stall_remedies(
+    stalls: set[str], pid: int | None, usable: int | None, capped: bool = False
+) -> list[str]:
     """The one thing to do for each kind of stall seen, for the process
-    sampled (its own usable CPUs, from its cgroup, not this command's)."""
+    sampled (its own usable CPUs, from its cgroup, not this command's).
+    ``capped``: its pools are already capped (it runs under ``cpupin exec``
+    or called ``limit_pools()``), so capping them is not the advice."""
     who = str(pid or os.getpid())
     out = []
     if "quota" in stalls:
         busy = f"at most {usable} busy thread(s)" if usable else "fewer busy threads"
-        out.append(
-            f"stalled by its cgroup's CPU quota: run {busy} in it (cpupin exec, or "
-            "cpupin.limit_pools() inside the process), or raise the quota"
-        )
+        if capped:
+            out.append(
+                "stalled by its cgroup's CPU quota, with its pools already capped to it: its "
+                "own threads need more CPU time than the quota gives; raise the quota, or do "
+                "less work in the process"
+            )
+        else:
+            out.append(
+                f"stalled by its cgroup's CPU quota: run {busy} in it (cpupin exec, or "
+                "cpupin.limit_pools() inside the process), or raise the quota"
+            )
     if "contention" in stalls:
         out.append(
             f"stalled by contention: other threads hold its CPUs; cpupin threads {who} shows "
@@ -150,6 +164,29 @@ def stall_remedies(stalls: set[str], pid: int | None, usable: int | None) -> lis
             "its core"
         )
     return out
+
+
+def _capped(pid: int | None) -> bool:
+    """Whether the process's pools are capped already: cpupin set its pool
+    variables (``cpupin exec``, ``child_env()``), or its record says it
+    called ``limit_pools()``."""
+    from cpupin.pools import ENV_POOL_VARS
+    from cpupin.process import environ_of, registry_of
+
+    if pid is None:
+        return bool(os.environ.get(ENV_POOL_VARS))
+    if environ_of(pid, ENV_POOL_VARS):
+        return True
+    try:
+        found = registry_of(pid, None)
+    except OSError:
+        return False
+    return any(
+        n.startswith("limit_pools")
+        for r in found.records
+        if r.kind == "process" and r.live and r.pid == pid
+        for n in r.notes
+    )
 
 
 def _usable_of(pid: int | None) -> int | None:
