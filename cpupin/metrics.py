@@ -60,7 +60,7 @@ def _require() -> None:
 
 
 def _collect(
-    pids: Iterable[int | None], registry: Registry | None, skip_gone: bool
+    pids: Iterable[int | None], registry: Registry | None, skip_gone: bool, memory_too: bool
 ) -> Iterator[Any]:
     """Every family, each once, with the samples of every process in
     ``pids`` (``None``: this one): one that has exited is left out with
@@ -162,10 +162,12 @@ def _collect(
                 in_force += [(h.mechanism, h.cpus, h.max_us, h.since) for h in record.wake_holds]
                 drifted += record.pin_drift[0]
             drift.add_metric([pid], drifted)
-        try:
-            where = memory_by_node(target, mask=mask)
-        except OSError:
-            where = None
+        where = None
+        if memory_too:
+            try:
+                where = memory_by_node(target, mask=mask)
+            except OSError:
+                pass
         if where is not None:
             for node, size in sorted(where.by_node.items()):
                 memory.add_metric([pid, str(node)], size)
@@ -191,7 +193,9 @@ def _collect(
         count.add_metric([pid], len(threads))
         strays.add_metric([pid], stray)
     yield from (cpu, wait, count, strays, usable, pool, throttled, periods, held, held_since)
-    yield from (memory, remote, drift)
+    yield drift
+    if memory_too:
+        yield from (memory, remote)
     yield from (step_wait, step_wall, step_throttled, info)
 
 
@@ -339,16 +343,23 @@ class ThreadCollector:
 
     For this process the deliberate pins are known exactly; for another they
     come from its record in the lock directory (``registry``, read at each
-    scrape when not given).
+    scrape when not given). ``memory=True`` adds where its memory lies
+    (``cpupin_process_memory_bytes``, ``..._remote_bytes``): reading
+    ``numa_maps`` walks the process's page tables under its memory map's
+    lock, which a process of hundreds of GiB pays for at each scrape, so
+    it is asked for, not given.
     """
 
-    def __init__(self, pid: int | None = None, registry: Registry | None = None) -> None:
+    def __init__(
+        self, pid: int | None = None, registry: Registry | None = None, *, memory: bool = False
+    ) -> None:
         _require()
         self.pid = pid
         self.registry = registry
+        self.memory = memory
 
     def collect(self) -> Iterator[Any]:
-        yield from _collect([self.pid], self.registry, skip_gone=False)
+        yield from _collect([self.pid], self.registry, skip_gone=False, memory_too=self.memory)
 
 
 class ProcessesCollector:
@@ -356,10 +367,11 @@ class ProcessesCollector:
     ``registry``: one family each, all processes' samples under it; a
     process that exits meanwhile is left out."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, *, memory: bool = False) -> None:
         _require()
         self.registry = registry
+        self.memory = memory
 
     def collect(self) -> Iterator[Any]:
         pids = sorted({r.pid for r in self.registry.records if r.kind == "process" and r.live})
-        yield from _collect(pids, self.registry, skip_gone=True)
+        yield from _collect(pids, self.registry, skip_gone=True, memory_too=self.memory)

@@ -128,3 +128,22 @@ def test_a_process_that_is_gone_is_said_so():
     child = run([sys.executable, "-c", "import os; print(os.getpid())"])
     with pytest.raises(ProcessLookupError):
         memory_by_node(int(child.stdout))
+
+
+def test_prometheus_exports_memory_only_when_asked(tmp_path):
+    prometheus_client = pytest.importorskip(
+        "prometheus_client", reason="pip install prometheus_client"
+    )
+    from cpupin.metrics import ThreadCollector
+
+    def families(**kw):
+        registry = prometheus_client.CollectorRegistry(auto_describe=False)
+        registry.register(ThreadCollector(**kw))
+        return prometheus_client.generate_latest(registry).decode()
+
+    assert "cpupin_process_memory_bytes" not in families()
+    text = families(memory=True)
+    pid = os.getpid()
+    lines = [x for x in text.splitlines() if x.startswith("cpupin_process_memory_bytes{")]
+    assert lines and all(f'pid="{pid}"' in x for x in lines)
+    assert f'cpupin_process_memory_remote_bytes{{pid="{pid}"}}' in text

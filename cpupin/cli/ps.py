@@ -184,6 +184,6 @@ def _prometheus(registry: Registry) -> int:
     from cpupin.metrics import ProcessesCollector
 
     collectors = CollectorRegistry(auto_describe=False)
-    collectors.register(ProcessesCollector(registry))
+    collectors.register(ProcessesCollector(registry, memory=True))  # asked for, on demand
     sys.stdout.write(generate_latest(collectors).decode())
     return 0
