@@ -11,6 +11,8 @@ hits all of them alike:
 - ``observe``: the plugin's default (records, a StepClock on every step);
 - ``auto``: ``CPUPIN_VLLM=auto`` (threads and processes kept off the
   OpenMP CPUs, pools through vLLM's own variables);
+- ``auto-held``: ``auto`` with ``CPUPIN_WAKE_LATENCY_US=0``: the API server
+  holds the server's CPUs' wake latency (root, a host with cpuidle);
 - ``exec``: started through ``cpupin exec --node 0`` (plugin not loaded),
   ``exec-no-pools``, the same with ``--no-pools``, and ``exec-before``: what
   ``exec`` passed before it set only the variables that narrow (every pool
@@ -50,7 +52,7 @@ sys.path.insert(0, str(HERE))
 
 from _env import describe, enter_cgroup, quota_cgroup  # noqa: E402
 
-CASES = ("alone", "observe", "auto", "exec", "exec-no-pools", "exec-before")
+CASES = ("alone", "observe", "auto", "auto-held", "exec", "exec-no-pools", "exec-before")
 
 
 def server_env(case: str, lock_dir: str) -> dict[str, str]:
@@ -77,8 +79,11 @@ def server_env(case: str, lock_dir: str) -> dict[str, str]:
         env.update({name: usable for name in POOL_VARS if name != "RAYON_NUM_THREADS"})
         env["RAYON_NUM_THREADS"] = str(max(1, int(usable) // 2))
         env["CPUPIN_POOL_VARS"] = ",".join(sorted(POOL_VARS))
-    elif case == "auto":
+    elif case in ("auto", "auto-held"):
         env["CPUPIN_VLLM"] = "auto"
+    env.pop("CPUPIN_WAKE_LATENCY_US", None)
+    if case == "auto-held":
+        env["CPUPIN_WAKE_LATENCY_US"] = "0"
     return env
 
 
@@ -325,8 +330,8 @@ def main() -> int:
             name = "unconstrained" if quota is None else f"quota of {quota:g} CPU(s)"
             samples: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
             # A cgroup is made only for a quota asked for (--quota).
-            made = quota_cgroup(quota) if quota is not None else contextlib.nullcontext(None)
-            with made as cg:
+            group = quota_cgroup(quota) if quota is not None else contextlib.nullcontext(None)
+            with group as cg:
                 if quota is not None and cg is None:
                     print(f"{name}: skipped (needs root and a cgroup cpu controller)")
                     continue

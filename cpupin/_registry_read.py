@@ -803,6 +803,8 @@ def prune_members(server: tuple[int, int], directory: str | None = None) -> list
                 continue
             if record is None or record.get("server") != list(server):
                 continue
+            if "wake_holds" in record and os.geteuid() == 0:
+                _restore_holds(dir_fd, name, match)  # a killed worker's CPUs come back
             try:
                 os.unlink(name, dir_fd=dir_fd)
                 removed.append(os.path.join(where, name))

@@ -293,6 +293,8 @@ def _register() -> None:
         _own_members()
         _fit_quota(act=mode == "auto")
         os.environ.setdefault(ENV_MASK, format_cpulist(_launcher_mask()))
+        if mode == "auto":
+            _hold_server_cpus()
         _drop_our_pool_vars()
         _export_metrics()
     if role in ("vllm-engine-core", "vllm-worker"):
@@ -408,6 +410,40 @@ def _fit_quota(root: str = "/", *, act: bool = True) -> None:
         f"server confined to CPU {format_cpulist(keep)} of {format_cpulist(plan.mask)}: its "
         f"quota ({quota.quota_us / quota.period_us:g} CPU) would throttle processes that "
         "run side by side; confined, they take turns"
+    )
+
+
+def _hold_server_cpus() -> None:
+    """On vLLM-CPU, where ``CPUPIN_WAKE_LATENCY_US`` asks for it: hold the
+    wake latency of the CPUs the whole server runs on (the launcher's mask,
+    after the quota fit), from the API server, for its lifetime. Every
+    handoff between the server's processes and threads then meets a CPU that
+    polls instead of one that sleeps. On CUDA hosts the mask may be the
+    whole host: there each worker's plan holds its step CPUs instead
+    (:func:`_pin_step_on_gpu`). Never raises; a refusal is a note."""
+    from .server import ENV_WAKE_LATENCY, wake_latency_from_env
+    from .wake import HoldRefused, hold_wake_latency
+
+    try:
+        bound = wake_latency_from_env(os.environ)
+    except ValueError as exc:
+        _note(f"wake latency not held: {exc}")
+        return
+    if bound is None:
+        return
+    if _on_gpus():
+        _note(f"{ENV_WAKE_LATENCY}: each GPU worker holds its step CPUs (not the whole mask)")
+        return
+    cpus = _launcher_mask()
+    try:
+        hold = hold_wake_latency(cpus, bound)
+    except (HoldRefused, ValueError) as exc:
+        _note(f"wake latency of CPU {format_cpulist(cpus)} not held: {exc}")
+        return
+    _state["wake_hold"] = hold
+    _note(
+        f"wake latency of CPU {format_cpulist(cpus)} held at {bound} µs for the server's "
+        f"lifetime ({ENV_WAKE_LATENCY}): idle CPUs poll, so no handoff waits for a wake"
     )
 
 

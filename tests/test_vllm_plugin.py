@@ -964,3 +964,52 @@ def test_a_server_is_confined_to_its_quotas_cpus_before_its_children_start(mode,
         assert all(len(m) >= 2 for m in got["masks"].values())
         assert got["child"] != str([two_cpus[0]]) and got["env"] is None
         assert "CPUPIN_VLLM=auto confines the server to CPU" in notes
+
+
+HOLD_SERVER = """
+import json, os, sys
+from cpupin import vllm_plugin
+vllm_plugin._state.update(role="vllm-api-server", mode="auto")
+vllm_plugin._hold_server_cpus()
+hold = vllm_plugin._state.get("wake_hold")
+path = "/sys/devices/system/cpu/cpu{}/power/pm_qos_resume_latency_us"
+values = {c: open(path.format(c)).read().strip() for c in sorted(os.sched_getaffinity(0))
+          if os.path.exists(path.format(c))}
+print(json.dumps({"notes": vllm_plugin._notes, "held": hold and sorted(hold.cpus),
+                  "values": values}))
+"""
+
+
+@pytest.mark.parametrize("value", ["0", "x", None])
+def test_a_cpu_server_holds_its_cpus_wake_latency_when_asked(value, tmp_path):
+    """``CPUPIN_WAKE_LATENCY_US=0`` under auto on vLLM-CPU: the API server
+    holds every CPU of the server's mask (the kernel's files say n/a while it
+    lives, and their old values come back at its exit); a bad value is a
+    note, and unset holds nothing."""
+    from .test_wake import REAL, machine_refusal
+
+    env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV_MASK}
+    env["CPUPIN_LOCK_DIR"] = str(tmp_path)
+    env.pop("CPUPIN_WAKE_LATENCY_US", None)
+    if value is not None:
+        env["CPUPIN_WAKE_LATENCY_US"] = value
+    cpus = sorted(os.sched_getaffinity(0))
+    before = {
+        c: open(REAL.format(c)).read().strip() for c in cpus if os.path.exists(REAL.format(c))
+    }
+    out = subprocess.run([sys.executable, "-c", HOLD_SERVER], capture_output=True, text=True,
+                         timeout=60, check=False, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    after = {c: open(REAL.format(c)).read().strip() for c in before}
+    assert after == before  # its exit put them back
+    notes = " | ".join(got["notes"])
+    if value is None:
+        assert got["held"] is None and "wake latency" not in notes
+    elif value == "x":
+        assert got["held"] is None and "CPUPIN_WAKE_LATENCY_US='x'" in notes
+    elif machine_refusal() is None:
+        assert got["held"] == cpus and "held at 0 µs" in notes
+        assert all(v == "n/a" for v in got["values"].values())
+    else:
+        assert got["held"] is None and "not held" in notes

@@ -416,3 +416,42 @@ def test_exec_dry_run_says_what_it_would_hold():
     assert json.loads(data.stdout)["wake_latency_us"] == 5
     bad = run([*args[:-3], "--wake-latency", "-1", "--", "true"])
     assert bad.returncode == 2 and "--wake-latency" in bad.stderr
+
+
+SERVER_MEMBER = """
+import sys
+import cpupin
+from cpupin import registry
+registry.describe_process(role="vllm-worker", server=(int(sys.argv[2]), int(sys.argv[3])))
+cpupin.hold_wake_latency({int(sys.argv[1])}, 0)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_server_putting_away_its_killed_workers_puts_back_their_holds(tmp_path):
+    """vLLM kills its workers with SIGKILL; the API server's prune of their
+    records (prune_members) gives their held CPUs their values back."""
+    from cpupin._proc import start_time
+    from cpupin.registry import prune_members
+
+    cpu = min(os.sched_getaffinity(0))
+    me = (os.getpid(), start_time(os.getpid()))
+    args = [str(cpu), str(me[0]), str(me[1])]
+    refusal = machine_refusal()
+    if refusal is not None:
+        out = run([sys.executable, "-c", SERVER_MEMBER, *args],
+                  env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)})  # fmt: skip
+        assert out.returncode != 0 and refusal in out.stderr
+        return
+    before = Path(REAL.format(cpu)).read_text().strip()
+    try:
+        child = ready_child(SERVER_MEMBER, tmp_path, *args)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert Path(REAL.format(cpu)).read_text().strip() == "n/a"
+        removed = prune_members(me, str(tmp_path))
+        assert len(removed) == 1
+        assert Path(REAL.format(cpu)).read_text().strip() == before
+    finally:
+        Path(REAL.format(cpu)).write_text(before)
