@@ -322,6 +322,13 @@ t = threading.Thread(target=narrow, name="narrowed")
 t.start()
 sys.stdin.readline()
 release.set(); t.join()
+# join() returns when Python is done with the thread; the kernel's task may
+# outlive it by a moment (seen under load): "gone" is said once it is gone.
+import time
+for _ in range(10000):
+    if len(os.listdir("/proc/self/task")) == 1:
+        break
+    time.sleep(0.001)
 print("gone", flush=True)
 sys.stdin.readline()
 """
