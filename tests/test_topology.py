@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cpupin import process_cpus
 from cpupin.cgroup import parse_cpu_max
@@ -132,6 +133,36 @@ def test_a_host_built_from_a_random_spec_reads_back_to_it(fast_dir, spec):
     """read_host(build_tree(spec)) is the spec: cores, nodes, GPUs, SMT."""
     with fast_dir() as root:
         check_reads_back(spec, root)
+
+
+@settings(max_examples=30)
+@given(
+    host_specs(max_cores=16),
+    st.sampled_from(["no folder", "empty folders", "driver none", "system folder empty"]),
+)
+def test_a_host_that_lists_no_idle_states_reads_alike_in_each_shape(fast_dir, spec, shape):
+    """Many VMs list no idle states, in one of these shapes: no cpuidle
+    folder at all; an empty one for each CPU; the system's current_driver
+    "none"; or its folder there but empty. Each reads as no states, with the
+    reason, and the rest of the host as its spec."""
+    spec = replace(spec, idle_states=())
+    with fast_dir() as root:
+        build_tree(spec, root)
+        cpu = os.path.join(root, "sys/devices/system/cpu")
+        if shape in ("empty folders", "driver none"):
+            for name in os.listdir(cpu):
+                if name.startswith("cpu") and name[3:].isdigit():
+                    os.makedirs(os.path.join(cpu, name, "cpuidle"), exist_ok=True)
+        if shape == "driver none":
+            os.makedirs(os.path.join(cpu, "cpuidle"), exist_ok=True)
+            with open(os.path.join(cpu, "cpuidle", "current_driver"), "w") as f:
+                f.write("none\n")
+        if shape == "system folder empty":
+            os.makedirs(os.path.join(cpu, "cpuidle"), exist_ok=True)
+        host = read_host(root)
+    assert host.idle_states == {} and host.deepest_idle_state() is None
+    assert "no cpuidle states listed" in host.reasons
+    assert replace(host, root="", reasons=()) == spec_host(spec)
 
 
 @pytest.mark.parametrize("name", sorted(HOSTS))
