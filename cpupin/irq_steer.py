@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ._pmqos import write_file
-from ._record import VERSION, decode, encode, lock_dir, open_lock_dir
+from ._record import VERSION, encode, lock_dir, open_lock_dir
 from ._sysfs import Reader
-from .cpulist import format_cpulist
+from .cpulist import format_cpulist, parse_cpulist
 from .errors import excerpt, printable
 from .irqs import IrqOnPin
 
@@ -76,41 +75,32 @@ def plan_moves(
     moves = []
     for i in irqs:
         before = smp.get(i.irq, i.cpus)
-        i = replace(i, name=i.name[1:-1] if i.name[:1] == i.name[-1:] == "'" else i.name)
-        if i.managed:
-            moves.append(
-                IrqMove(
-                    i.irq,
-                    i.name,
-                    i.kind,
-                    before,
-                    None,
-                    "managed by the kernel (a multi-queue device's queue): it cannot move; "
-                    f"boot with isolcpus=managed_irq,{format_cpulist(keep_clear)} to keep "
-                    "such queues off",
-                )
-            )
-            continue
-        for where, cpus in (
-            ("its CPUs", before - keep_clear),
-            ("its device's node", node_cpus.get(i.irq, frozenset()) - keep_clear),
-            ("the online CPUs", online - keep_clear),
-        ):
-            if cpus:
-                moves.append(IrqMove(i.irq, i.name, i.kind, before, cpus, f"{where} less the kept"))
-                break
-        else:
-            moves.append(
-                IrqMove(
-                    i.irq,
-                    i.name,
-                    i.kind,
-                    before,
-                    None,
-                    "every online CPU is one to keep clear: nowhere else to go",
-                )
-            )
+        after, reason = _destination(i.managed, before, node_cpus.get(i.irq), online, keep_clear)
+        moves.append(IrqMove(i.irq, i.name, i.kind, before, after, reason))
     return moves
+
+
+def _destination(
+    managed: bool,
+    before: frozenset[int],
+    node: frozenset[int] | None,
+    online: frozenset[int],
+    keep_clear: frozenset[int],
+) -> tuple[frozenset[int] | None, str]:
+    """Where one IRQ goes, and why (``None``: it stays)."""
+    if managed:
+        return None, (
+            "managed by the kernel (a multi-queue device's queue): it cannot move; boot with "
+            f"isolcpus=managed_irq,{format_cpulist(keep_clear)} to keep such queues off"
+        )
+    for where, cpus in (
+        ("its CPUs", before),
+        ("its device's node", node or frozenset()),
+        ("the online CPUs", online),
+    ):
+        if cpus - keep_clear:
+            return cpus - keep_clear, f"{where} less the kept"
+    return None, "every online CPU is one to keep clear: nowhere else to go"
 
 
 def read_context(
@@ -218,35 +208,32 @@ def _record(done: list[IrqMove], root: str, directory: str | None) -> None:
 
 
 def _read(where: str, root: str) -> tuple[list[dict[str, str]], str]:
-    """The moves recorded in ``where`` (hostile: a regular file of this
-    user's, bounded, checked), and why none where there are none."""
+    """The moves recorded in ``where`` (hostile, opened and checked as a
+    registry record is: regular, one link, bounded, this user's, its
+    checksum), and why none where there are none."""
+    from ._registry_read import _decode, _open_record, _reason
+
     try:
         dir_fd = open_lock_dir(where)
     except OSError as exc:
         return [], f"{where}: {exc.strerror}"
     try:
-        fd = os.open(
-            MOVES_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-        )
+        fd, info = _open_record(dir_fd, MOVES_FILE)
     except FileNotFoundError:
         return [], "no IRQ moved by cpupin is recorded there"
-    except OSError as exc:
-        return [], f"{MOVES_FILE}: {exc.strerror}"
+    except (OSError, ValueError) as exc:
+        return [], f"{MOVES_FILE}: {_reason(exc)}"
     finally:
         os.close(dir_fd)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return [], f"{MOVES_FILE}: not a regular file"
-        if info.st_uid != os.geteuid():
-            return [], f"{MOVES_FILE}: owned by uid {info.st_uid}, not this user"
-        raw = os.read(fd, 1 << 20)
-    finally:
+    if info.st_uid != os.geteuid():
         os.close(fd)
+        return [], f"{MOVES_FILE}: owned by uid {info.st_uid}, not this user"
     try:
-        record = decode(raw)
-    except ValueError as exc:
-        return [], f"{MOVES_FILE}: {excerpt(str(exc), 80)}"
+        record = _decode(fd)
+    except (OSError, ValueError) as exc:
+        return [], f"{MOVES_FILE}: {excerpt(_reason(exc), 80)}"
+    if record is None:
+        return [], f"{MOVES_FILE}: empty"
     if record.get("boot_id") != _boot_id(root):
         return [], f"{MOVES_FILE} was written before the last boot: its IRQs are as booted"
     moves = record.get("moves")
@@ -270,8 +257,6 @@ def restore_moves(*, root: str = "/", directory: str | None = None) -> list[str]
     """Put back each IRQ that cpupin moved (this boot), where its affinity
     is still what cpupin wrote; a line for each, and the record goes once
     nothing is left to put back."""
-    from .cpulist import parse_cpulist
-
     where = lock_dir(directory)
     moves, why = _read(where, root)
     if not moves:

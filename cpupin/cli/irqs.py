@@ -113,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"irqs     keep CPUs {format_cpulist(keep)} clear ({source})")
         for m in moves:
             to = format_cpulist(m.after) if m.after is not None else "stays"
-            name = m.name.split()[-1] if m.name.split() else "?"
+            name = m.name.strip("'").split()[-1:] or ["?"]  # the device, of the quoted line
             print(
-                f"  IRQ {m.irq:>5} {printable(name, 20):20} {m.kind:5} "
+                f"  IRQ {m.irq:>5} {printable(name[0], 20):20} {m.kind:5} "
                 f"{format_cpulist(m.before):>12} -> {to:12} {m.reason}"
             )
         if not moves:
