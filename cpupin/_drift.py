@@ -3,13 +3,14 @@ no registry), so that :class:`cpupin.Pin` and :mod:`cpupin.guard` share it."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .cpulist import format_cpulist
 from .errors import excerpt, printable
 
-__all__ = ["AFFINITY_VARS", "Drift", "likely_cause"]
+__all__ = ["AFFINITY_VARS", "Drift", "likely_cause", "nccl_loaded"]
 
 
 #: Variables with which a library in the process sets threads' masks itself.
@@ -39,13 +40,12 @@ class Drift:
 
 def likely_cause(
     now: frozenset[int],
-    pinned: frozenset[int],
     process_mask: frozenset[int],
     environ: Mapping[str, str],
-    modules: frozenset[str] = frozenset(),
+    nccl_loaded: bool = False,
 ) -> str:
-    """What probably moved a pinned thread from ``pinned`` to ``now``: the
-    affinity variables set, NCCL where it is loaded, a move back to the
+    """What probably moved a pinned thread to ``now``: the affinity
+    variables set, NCCL where it is loaded or configured, a move back to the
     process mask, else an unknown caller. Pure."""
     set_vars = [
         f"{name}={printable(environ[name], 24)}"
@@ -57,7 +57,7 @@ def likely_cause(
             f"{', '.join(set_vars)} set: the OpenMP runtime binds the thread that loads it or "
             "starts a team; unset it, or load the library (import torch) before pinning"
         )
-    if any("nccl" in m.lower() for m in modules) or any(k.startswith("NCCL_") for k in environ):
+    if nccl_loaded or any(k.startswith("NCCL_") for k in environ):
         return (
             "NCCL binds the thread that creates a communicator to its GPU's CPUs: "
             "NCCL_IGNORE_CPU_AFFINITY=1 stops it, or create the communicator before pinning"
@@ -68,3 +68,8 @@ def likely_cause(
             "framework resetting affinity)"
         )
     return "another library or tool set its mask (a framework's affinity code, taskset -p)"
+
+
+def nccl_loaded() -> bool:
+    """Whether a module of NCCL's is imported (torch.cuda.nccl, say)."""
+    return any("nccl" in m.lower() for m in list(sys.modules))

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from . import _native
-from ._drift import AFFINITY_VARS, Drift, likely_cause
+from ._drift import AFFINITY_VARS, Drift, likely_cause, nccl_loaded
 from .errors import excerpt
 
 __all__ = [
@@ -60,23 +60,18 @@ def check_pins(*, reapply: bool = False) -> list[Drift]:
         pins = list(threads._pins.items())
     drifts = []
     mask = process_cpus()
-    modules = frozenset(m for m in sys.modules if "nccl" in m.lower())
+    nccl = nccl_loaded()
     for tid, (cpus, role, name, started) in pins:
-        try:
-            now = _native.get_affinity(tid)
-        except (ProcessLookupError, OSError):
-            continue  # it exited: the next publish drops its pin
-        if now == cpus or not threads._alive(tid, started):
-            continue
-        reapplied = False
+        found = threads._drift(tid, cpus, role, name, started, mask, nccl)
+        if found is None:
+            continue  # on its pin, or it exited: the next publish drops its pin
         if reapply:
             try:
                 _native.set_affinity(cpus, tid)
-                reapplied = True
+                found = replace(found, reapplied=True)
             except (OSError, ValueError):
                 pass
-        cause = likely_cause(now, cpus, mask, os.environ, modules)
-        drifts.append(Drift(tid, name, role, cpus, now, cause, reapplied))
+        drifts.append(found)
     if drifts:
         with _lock:
             _total += len(drifts)

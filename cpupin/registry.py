@@ -296,7 +296,7 @@ def _write(directory: str | None) -> None:
 
 # The pools last recorded, the threads they were read from, and their JSON:
 # a pin made or released with the same threads running writes them again
-# without reading them again (threads_changed() forgets them).
+# without reading them again.
 _pools_read: tuple[object, list[dict[str, Any]], str] | None = None
 
 
@@ -323,12 +323,12 @@ def _pools_now() -> list[dict[str, Any]]:
 def threads_changed() -> None:
     """Write the record again with the process's pools as they are now, when
     it has one: cpupin's threads call this as they start, so that the
-    census from outside names them. Best effort, as :func:`register_pins`."""
-    global _pools_read
+    census from outside names them (a new thread changes the set the pools
+    were read from, so they are read again). Best effort, as
+    :func:`register_pins`."""
     if _written is None or _disabled or _closed:
         return
     with _lock:
-        _pools_read = None
         _write(_written[0])
 
 

@@ -523,26 +523,41 @@ class Pin:
         """Whether the thread is still on its pin: ``None``, else the
         :class:`~cpupin.guard.Drift` with its likely cause (not counted, not
         re-applied: :func:`cpupin.check_pins` does both for every pin)."""
-        from ._drift import Drift, likely_cause
+        from ._drift import nccl_loaded
 
         if self._released:
             return None
-        try:
-            now = _native.get_affinity(0 if self.tid == _native.gettid() else self.tid)
-        except (ProcessLookupError, OSError):
-            return None
-        if now == self.cpus or not _alive(self.tid, self._started):
-            return None
         with _pins_lock:
             _, role, name, _ = _pins.get(self.tid, (self.cpus, "pinned", "", None))
-        cause = likely_cause(now, self.cpus, process_cpus(), os.environ)
-        return Drift(self.tid, name, role, self.cpus, now, cause)
+        return _drift(self.tid, self.cpus, role, name, self._started, process_cpus(), nccl_loaded())
 
     def __enter__(self) -> Pin:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _drift(
+    tid: int,
+    cpus: frozenset[int],
+    role: str,
+    name: str,
+    started: int | None,
+    mask: frozenset[int],
+    nccl: bool,
+) -> Drift | None:
+    """A pinned thread off its pin now, with the likely cause (``None``: on
+    it, or exited, or its tid names another thread now). One native call."""
+    from ._drift import Drift, likely_cause
+
+    try:
+        now = _native.get_affinity(0 if tid == _native.gettid() else tid)
+    except OSError:  # ProcessLookupError among them: it exited
+        return None
+    if now == cpus or not _alive(tid, started):
+        return None
+    return Drift(tid, name, role, cpus, now, likely_cause(now, mask, os.environ, nccl))
 
 
 def _checked(cpus: Iterable[int] | str) -> frozenset[int]:

@@ -31,9 +31,8 @@ def mask_of(pid, tid):
     st.booleans(),
 )
 def test_the_likely_cause_follows_what_is_set(environ, nccl_loaded):
-    pinned, now, mask = frozenset({1}), frozenset({0}), frozenset({0, 1})
-    modules = frozenset({"torch.cuda.nccl"}) if nccl_loaded else frozenset()
-    cause = likely_cause(now, pinned, mask, environ, modules)
+    now, mask = frozenset({0}), frozenset({0, 1})
+    cause = likely_cause(now, mask, environ, nccl_loaded)
     named = [k for k in AFFINITY_VARS if environ.get(k, "").strip().lower() not in ("", "false")]
     if named:
         assert all(k in cause for k in named) and "OpenMP" in cause
@@ -41,7 +40,7 @@ def test_the_likely_cause_follows_what_is_set(environ, nccl_loaded):
         assert "NCCL_IGNORE_CPU_AFFINITY=1" in cause
     else:
         assert "another library" in cause
-    assert likely_cause(mask, pinned, mask, {}, frozenset()).startswith("moved back")
+    assert likely_cause(mask, mask, {}, False).startswith("moved back")
 
 
 def test_a_guard_needs_a_sane_interval():
