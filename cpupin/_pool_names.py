@@ -11,13 +11,12 @@ import threading
 import time
 from typing import Any
 
+from ._record import MAX_POOL_TIDS, MAX_POOLS
 from ._torch_thread import torch_reading
 from .errors import printable
 
 __all__ = [
     "ONE_EACH",
-    "MAX_RECORDED_POOLS",
-    "MAX_RECORDED_TIDS",
     "controllers",
     "pool_name",
     "recorded_pools",
@@ -65,16 +64,11 @@ def controllers() -> list[Any]:
     return found
 
 
-#: The most pools a record carries, and the most thread ids in all of them.
-MAX_RECORDED_POOLS = 32
-MAX_RECORDED_TIDS = 512
-
-
 def recorded_pools() -> list[dict[str, object]]:
     """This process's pools as its record carries them, for the census from
     outside: its threads (but the main one) grouped by their Python names,
     with their ids (``threads`` counts them all; at most
-    :data:`MAX_RECORDED_TIDS` ids are listed in all), and the pools its
+    :data:`MAX_POOL_TIDS` ids are listed in all), and the pools its
     libraries configured (torch's intra-op size where it was read on the
     pool's thread, threadpoolctl's libraries when already scanned). Cheap:
     no library is scanned here."""
@@ -85,9 +79,9 @@ def recorded_pools() -> list[dict[str, object]]:
         if tid is not None and t is not main:
             groups.setdefault(pool_name(t.name), []).append(tid)
     out: list[dict[str, object]] = []
-    room = MAX_RECORDED_TIDS
+    room = MAX_POOL_TIDS
     ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
-    for name, tids in ranked[: MAX_RECORDED_POOLS - 4]:
+    for name, tids in ranked[: MAX_POOLS - 4]:
         kept = sorted(tids)[: max(room, 0)]
         room -= len(kept)
         out.append(

@@ -35,6 +35,11 @@ MAX_NAME = 64
 MAX_RECORDS = 4096
 #: The most stale records and ignored files a read lists; past this, counted.
 MAX_LISTED = 200
+#: The most pools a process record names, and thread ids in all of them.
+MAX_POOLS = 32
+MAX_POOL_TIDS = 512
+#: The most wake-latency holds a process record carries.
+MAX_HOLDS = 16
 
 
 def lock_dir(directory: str | os.PathLike[str] | None = None) -> str:

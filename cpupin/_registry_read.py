@@ -16,11 +16,15 @@ from typing import NamedTuple
 
 from . import _native
 from ._native import PID_LIMIT
+from ._pmqos import MAX_US
 from ._proc import euid_of, exited, start_time
 from ._record import (
+    MAX_HOLDS,
     MAX_LISTED,
     MAX_NAME,
     MAX_PINS,
+    MAX_POOL_TIDS,
+    MAX_POOLS,
     MAX_RECORDS,
     MAX_SIZE,
     PROC_LOCKS,
@@ -86,18 +90,13 @@ class RecordedPool(NamedTuple):
     tids: tuple[int, ...]
 
 
-#: The most pools a record may carry, and thread ids in all of them.
-MAX_RECORD_POOLS = 32
-MAX_RECORD_POOL_TIDS = 512
-
-
 def _pools(value: object) -> tuple[RecordedPool, ...]:
     if value is None:
         return ()
-    if not isinstance(value, list) or len(value) > MAX_RECORD_POOLS:
-        raise ValueError(f"pools is not a list of at most {MAX_RECORD_POOLS}")
+    if not isinstance(value, list) or len(value) > MAX_POOLS:
+        raise ValueError(f"pools is not a list of at most {MAX_POOLS}")
     out = []
-    room = MAX_RECORD_POOL_TIDS
+    room = MAX_POOL_TIDS
     for p in value:
         if not isinstance(p, dict):
             raise ValueError("a pool is not an object")
@@ -106,9 +105,7 @@ def _pools(value: object) -> tuple[RecordedPool, ...]:
             raise ValueError(f"a pool's kind {excerpt(kind)} is not threads or configured")
         tids = p.get("tids")
         if not isinstance(tids, list) or len(tids) > room:
-            raise ValueError(
-                f"a pool's tids are not a list of at most {MAX_RECORD_POOL_TIDS} in all"
-            )
+            raise ValueError(f"a pool's tids are not a list of at most {MAX_POOL_TIDS} in all")
         room -= len(tids)
         out.append(
             RecordedPool(
@@ -160,8 +157,8 @@ def _drift(value: object) -> tuple[int, str]:
 def _holds(value: object, host: frozenset[int]) -> tuple[RecordedHold, ...]:
     if value is None:
         return ()
-    if not isinstance(value, list) or len(value) > 16:
-        raise ValueError("wake_holds is not a list of at most 16")
+    if not isinstance(value, list) or len(value) > MAX_HOLDS:
+        raise ValueError(f"wake_holds is not a list of at most {MAX_HOLDS}")
     out = []
     for h in value:
         if not isinstance(h, dict):
@@ -185,7 +182,7 @@ def _holds(value: object, host: frozenset[int]) -> tuple[RecordedHold, ...]:
             RecordedHold(
                 mechanism,
                 cpus,
-                _whole(h.get("max_us"), 0, 2_000_000_000, "a wake hold's max_us"),
+                _whole(h.get("max_us"), 0, MAX_US, "a wake hold's max_us"),
                 _seconds(h.get("since"), "a wake hold's since"),
                 tuple(sorted(previous)),
             )
@@ -742,20 +739,18 @@ def _read_live(
     return record
 
 
-def _restore_holds(dir_fd: int, name: str, named: re.Match[str]) -> list[str]:
-    """Put back the sysfs wake-latency holds a dead process's record lists."""
+def _restore_holds(record: dict[str, object], pid: int, started: int) -> list[str]:
+    """Put back the sysfs wake-latency holds a dead process's decoded
+    record lists (a line for each); root's records only, as only root could
+    have written those values."""
     from ._pmqos import restore
 
-    pid, started = int(named.group(1)), int(named.group(2))
+    if "wake_holds" not in record:
+        return []
+    if (record.get("pid"), record.get("start_time")) != (pid, started):
+        return [f"pid {pid}: its record names another process; its holds left as they are"]
     try:
-        fd, _ = _open_record(dir_fd, name)
-        record = _decode(fd)
-        if record is None or "wake_holds" not in record:
-            return []
-        if (record.get("pid"), record.get("start_time")) != (pid, started):
-            return [f"pid {pid}: its record names another process; its holds left as they are"]
-        host = _native.online_cpus()
-        holds = _holds(record.get("wake_holds"), host)
+        holds = _holds(record.get("wake_holds"), _native.online_cpus())
     except (OSError, ValueError) as exc:
         return [f"pid {pid}: its wake holds could not be read ({_reason(exc)}); left as they are"]
     notes = []
@@ -768,6 +763,15 @@ def _restore_holds(dir_fd: int, name: str, named: re.Match[str]) -> list[str]:
             + (f" ({'; '.join(left)})" if left else "")
         )
     return notes
+
+
+def _decoded(dir_fd: int, name: str) -> dict[str, object] | None:
+    """A record file's record (opened and checked as any is), else ``None``."""
+    try:
+        fd, _ = _open_record(dir_fd, name)
+        return _decode(fd)
+    except (OSError, ValueError):
+        return None
 
 
 def prune_members(server: tuple[int, int], directory: str | None = None) -> list[str]:
@@ -803,8 +807,8 @@ def prune_members(server: tuple[int, int], directory: str | None = None) -> list
                 continue
             if record is None or record.get("server") != list(server):
                 continue
-            if "wake_holds" in record and os.geteuid() == 0:
-                _restore_holds(dir_fd, name, match)  # a killed worker's CPUs come back
+            if os.geteuid() == 0:
+                _restore_holds(record, pid, started)  # a killed worker's CPUs come back
             try:
                 os.unlink(name, dir_fd=dir_fd)
                 removed.append(os.path.join(where, name))
@@ -869,8 +873,9 @@ def prune(
                 info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if info.st_uid != me or not stat.S_ISREG(info.st_mode):
                     continue
-                if me == 0:
-                    notes = _restore_holds(dir_fd, name, found)
+                record = _decoded(dir_fd, name) if me == 0 else None
+                if record is not None:
+                    notes = _restore_holds(record, int(found.group(1)), int(found.group(2)))
                     if restored is not None:
                         restored.extend(notes)
                 os.unlink(name, dir_fd=dir_fd)

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from ._proc import start_time
 from ._record import (
     ENV_LOCK_DIR,
+    MAX_HOLDS,
     MAX_LISTED,
     MAX_NAME,
     MAX_PINS,
@@ -142,8 +143,6 @@ MAX_NOTES = 16
 MAX_NOTE = 240
 #: The most step clocks a record carries.
 MAX_CLOCKS = 8
-#: The most wake-latency holds a record carries.
-MAX_HOLDS = 16
 
 
 def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpupin._registry_read import MAX_RECORD_POOL_TIDS, _pools
+from cpupin._record import MAX_POOL_TIDS
+from cpupin._registry_read import _pools
 from cpupin.pool_census import census, pool_name
 
 from .helpers import ready_child, run
@@ -177,7 +178,7 @@ def test_a_records_pools_parse_or_say_why(value):
     except ValueError as exc:
         assert str(exc)
         return
-    assert sum(len(p.tids) for p in pools) <= MAX_RECORD_POOL_TIDS
+    assert sum(len(p.tids) for p in pools) <= MAX_POOL_TIDS
     for p in pools:
         assert p.kind in ("threads", "configured") and 0 <= p.threads <= 1 << 20
         assert all(0 < t for t in p.tids) and p.name.isprintable()
