@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import errno
-import os
 from collections.abc import Mapping
 
 from ._sysfs import Reader
@@ -48,25 +47,6 @@ def why(exc: OSError, what: str) -> str:
     return f"{what}: {exc.strerror}"
 
 
-def write_file(reader: Reader, rel: str, text: str) -> None:
-    """Write ``text`` to the regular file ``rel`` under the reader's root
-    (opened within it, then again for writing)."""
-    fd = reader.open_file(rel)
-    if fd is None:
-        why = reader.reasons[-1] if reader.reasons else f"{rel}: not there"
-        raise OSError(errno.ENOENT, why)
-    try:
-        wfd = os.open(
-            f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
-        )
-    finally:
-        os.close(fd)
-    try:
-        os.write(wfd, text.encode())
-    finally:
-        os.close(wfd)
-
-
 def restore(previous: Mapping[int, str], held_us: int, root: str = "/") -> list[str]:
     """Put back each CPU's value where it is still the one a hold of
     ``held_us`` wrote. Returns a note for each CPU left as it is."""
@@ -86,7 +66,7 @@ def restore(previous: Mapping[int, str], held_us: int, root: str = "/") -> list[
                 )
                 continue
             try:
-                write_file(r, rel, before)
+                r.write(rel, before)
             except OSError as exc:
                 notes.append(f"CPU {cpu}: {why(exc, 'cannot put back ' + before)}")
     return notes

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from . import _native
 from ._native import PID_LIMIT
-from ._pmqos import MAX_US
+from ._pmqos import MAX_US, parse_resume_latency
 from ._proc import euid_of, exited, start_time
 from ._record import (
     MAX_HOLDS,
@@ -140,9 +140,6 @@ class RecordedHold(NamedTuple):
         }
 
 
-_LATENCY_TEXT = re.compile(r"\An/a\Z|\A\d{1,10}\Z")
-
-
 def _drift(value: object) -> tuple[int, str]:
     if value is None:
         return (0, "")
@@ -175,8 +172,9 @@ def _holds(value: object, host: frozenset[int]) -> tuple[RecordedHold, ...]:
             for key, text in raw.items():
                 if not (key.isascii() and key.isdigit() and int(key) in cpus):
                     raise ValueError(f"a wake hold's previous value names CPU {excerpt(key)}")
-                if not isinstance(text, str) or not _LATENCY_TEXT.match(text):
+                if not isinstance(text, str):
                     raise ValueError(f"a wake hold's previous value {excerpt(text)} is not one")
+                parse_resume_latency(text)  # ValueError naming it, for anything else
                 previous.append((int(key), text))
         out.append(
             RecordedHold(

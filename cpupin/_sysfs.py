@@ -217,6 +217,25 @@ class Reader:
         (and close), or ``None`` with a reason as :meth:`text` gives."""
         return self._fd_of(rel, False)
 
+    def write(self, rel: str, text: str) -> None:
+        """Write ``text`` over the regular file ``rel`` (found as :meth:`text`
+        finds it, within the root, then opened again for writing: a sysfs
+        or procfs attribute, say). ``OSError`` with the reason where it is
+        not there, or the kernel refuses the value."""
+        fd = self._fd_of(rel, False)
+        if fd is None:
+            why = self.reasons[-1] if self.reasons else f"{_show(rel)}: not there"
+            raise OSError(errno.ENOENT, why)
+        try:
+            flags = os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+            out = os.open(f"/proc/self/fd/{fd}", flags)
+        finally:
+            os.close(fd)
+        try:
+            os.write(out, text.encode())
+        finally:
+            os.close(out)
+
     def listdir(self, rel: str) -> list[str] | None:
         """The names in a folder (at most :data:`MAX_ENTRIES`), or ``None``."""
         fd = self._fd_of(rel, True)

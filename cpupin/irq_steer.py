@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ._pmqos import write_file
 from ._record import VERSION, encode, lock_dir, open_lock_dir
 from ._sysfs import Reader
 from .cpulist import format_cpulist, parse_cpulist
@@ -146,7 +145,7 @@ def apply_moves(
                 notes.append(f"IRQ {m.irq} ({m.name}) left: {m.reason}")
                 continue
             try:
-                write_file(r, f"proc/irq/{m.irq}/smp_affinity_list", format_cpulist(m.after))
+                r.write(f"proc/irq/{m.irq}/smp_affinity_list", format_cpulist(m.after))
             except OSError as exc:
                 if exc.errno == errno.EIO:
                     why = "the kernel refused it (EIO): a managed IRQ, it cannot move"
@@ -281,7 +280,7 @@ def restore_moves(*, root: str = "/", directory: str | None = None) -> list[str]
                 )
                 continue
             try:
-                write_file(r, rel, format_cpulist(before))
+                r.write(rel, format_cpulist(before))
             except OSError as exc:
                 lines.append(f"IRQ {e['irq']}: cannot put back: {exc.strerror}")
                 continue

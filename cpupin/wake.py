@@ -38,7 +38,6 @@ from ._pmqos import (
     parse_resume_latency,
     restore,
     why,
-    write_file,
 )
 from ._sysfs import Reader
 from .cpulist import format_cpulist, parse_cpulist
@@ -300,7 +299,7 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
             _undo(r, previous, max_us)
             raise HoldRefused(errno.EINVAL, f"CPU {cpu}'s resume latency: {exc}") from None
         try:
-            write_file(r, SYSFS.format(cpu), format_resume_latency(max_us))
+            r.write(SYSFS.format(cpu), format_resume_latency(max_us))
         except OSError as exc:
             _undo(r, previous, max_us)
             raise HoldRefused(
@@ -316,7 +315,7 @@ def _undo(r: Reader, previous: dict[int, str], max_us: int) -> None:
     """A hold refused half way puts back what it wrote: all or nothing."""
     for cpu, before in previous.items():
         try:
-            write_file(r, SYSFS.format(cpu), before)
+            r.write(SYSFS.format(cpu), before)
         except OSError:
             pass
 

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpupin import irq_steer
+from cpupin._sysfs import Reader
 from cpupin.cpulist import parse_cpulist
 from cpupin.irq_steer import MOVES_FILE, apply_moves, plan_moves
 from cpupin.irqs import IrqOnPin
@@ -121,10 +122,10 @@ def test_a_write_the_kernel_refuses_is_left_with_why(tmp_path, monkeypatch):
     root = tree(tmp_path)
     refusals = {"120": errno.EIO, "122": errno.EINVAL}
 
-    def refuse(reader, rel, text):
+    def refuse(reader, rel, text):  # the kernel's answer to the write
         raise OSError(refusals[rel.split("/")[2]], os.strerror(refusals[rel.split("/")[2]]))
 
-    monkeypatch.setattr(irq_steer, "write_file", refuse)
+    monkeypatch.setattr(Reader, "write", refuse)
     moves = [
         irq_steer.IrqMove("120", "mlx5", "NIC", frozenset({2}), frozenset({0}), ""),
         irq_steer.IrqMove("122", "nvidia", "GPU", frozenset({2}), frozenset({1}), ""),
