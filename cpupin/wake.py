@@ -287,7 +287,7 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
     for cpu in sorted(cpus):
         text = r.text(SYSFS.format(cpu), 32)
         if text is None:
-            _undo(r, previous, max_us)
+            _undo(r, previous)
             raise HoldRefused(
                 errno.ENOENT,
                 f"CPU {cpu} exposes no power/pm_qos_resume_latency_us here (a container may "
@@ -296,12 +296,12 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
         try:
             parse_resume_latency(text)
         except ValueError as exc:
-            _undo(r, previous, max_us)
+            _undo(r, previous)
             raise HoldRefused(errno.EINVAL, f"CPU {cpu}'s resume latency: {exc}") from None
         try:
             r.write(SYSFS.format(cpu), format_resume_latency(max_us))
         except OSError as exc:
-            _undo(r, previous, max_us)
+            _undo(r, previous)
             raise HoldRefused(
                 exc.errno or errno.EIO,
                 why(exc, f"CPU {cpu}'s pm_qos_resume_latency_us")
@@ -311,7 +311,7 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
     return WakeHold(cpus, max_us, "sysfs", time.time(), previous, root)
 
 
-def _undo(r: Reader, previous: dict[int, str], max_us: int) -> None:
+def _undo(r: Reader, previous: dict[int, str]) -> None:
     """A hold refused half way puts back what it wrote: all or nothing."""
     for cpu, before in previous.items():
         try:
@@ -323,7 +323,14 @@ def _undo(r: Reader, previous: dict[int, str], max_us: int) -> None:
 def _held_elsewhere(cpus: frozenset[int]) -> str:
     """Why another live process's sysfs hold on one of ``cpus`` refuses
     this one (one value a CPU: the later hold would undo the earlier at its
-    release), or empty."""
+    release), or empty. This process's own holds count too: releasing the
+    first of two on one CPU would end the second."""
+    for mine in holds():
+        if mine.mechanism == "sysfs" and mine.cpus & cpus:
+            return (
+                f"CPUs {format_cpulist(mine.cpus & cpus)} are held by this process already "
+                f"({mine.describe()}): release that hold first"
+            )
     try:
         from .registry import read_registry
 

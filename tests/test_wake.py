@@ -185,6 +185,15 @@ def test_a_hidden_or_hostile_file_refuses_the_whole_hold(tmp_path, lock_dir, kin
     assert wake.holds() == []
 
 
+def test_a_cpu_this_process_holds_already_is_refused(tmp_path, lock_dir):
+    root = tree(tmp_path / "root")
+    with cpupin.hold_wake_latency({1, 2}, 0, root=str(root)):
+        with pytest.raises(cpupin.HoldRefused, match="held by this process already"):
+            cpupin.hold_wake_latency({2, 3}, 50, root=str(root))
+        assert value(root, 3) == "0"
+    assert [value(root, c) for c in range(4)] == ["0"] * 4
+
+
 def test_named_cpus_must_be_online_and_some(tmp_path, lock_dir):
     root = tree(tmp_path / "root")
     with pytest.raises(ValueError, match="not online"):
