@@ -12,7 +12,7 @@ what its hypervisor shows, so there the measurement, not sysfs, decides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .handoff import HandoffResult, handoff, pair_kinds
 from .topology import Host, IdleState
@@ -215,8 +215,6 @@ def diagnose(
 
 
 def _judge_hold(d: Diagnosis, handoffs: dict[str, HandoffResult], unmeasured: str) -> Diagnosis:
-    from dataclasses import replace
-
     kind = _idle_kind(handoffs)
     same = handoffs.get("same CPU busy")
     held = handoffs.get(kind.replace(" idle", " held")) if kind else None

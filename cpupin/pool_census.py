@@ -214,7 +214,6 @@ def census(
     pins: Mapping[int, frozenset[int]] | None = None,
     ran: Iterable[int] | None = None,
     recorded: Iterable[RecordedPool] | None = None,
-    waits: Mapping[int, str] | None = None,
 ) -> Census:
     """Group a process's threads (``None``: this one) into pools by name and
     judge each against its usable CPUs.
@@ -228,10 +227,10 @@ def census(
     the name of the thread that started them are grouped by what they wait
     in, as a guess (:attr:`Pool.guess`); the main thread (tid = pid) stands
     alone. ``plan``, ``threads`` (as :func:`~cpupin.process.thread_masks`
-    gives them), ``pins`` (tid to its registered pin), ``recorded`` (the
-    record's pools) and ``waits`` (tid to its ``wchan``) replace what would
-    be read. ``ran``: the threads that ran during a sample (``cpupin ps``
-    gives its own); the others count as idle in each pool's verdict.
+    gives them), ``pins`` (tid to its registered pin) and ``recorded`` (the
+    record's pools) replace what would be read. ``ran``: the threads that
+    ran during a sample (``cpupin ps`` gives its own); the others count as
+    idle in each pool's verdict.
     """
     own = pid is None or pid == os.getpid()
     target = os.getpid() if own else int(pid or 0)
@@ -265,22 +264,30 @@ def census(
     usable = plan.usable_cpus
     n_host, nodes = _host_shape(root)
     sizes = host_sizes(n_host, nodes)
-    # The names a thread may only have inherited from its creator: the
-    # process's own (its main thread's) and those of named threads.
+    # From outside, a thread nothing named carries the process's name (its
+    # main thread's): those are grouped by what they wait in, as a guess.
     main_name = next((st.name for st, _ in threads if st.tid == target), None)
+    unnamed = (
+        []
+        if own
+        else [
+            st.tid
+            for st, _ in threads
+            if st.tid != target and st.tid not in named and st.name == main_name
+        ]
+    )
+    waits = _wchans(root, target, unnamed) if unnamed else {}
     groups: dict[tuple[str, bool], list[tuple[int, bool]]] = {}
     for st, cpus in threads:
-        guess = False
+        guess = st.tid in waits
         if st.tid == target:
             group = "main thread"
         elif st.tid in named:
             group = named[st.tid]
         elif st.tid in names:
             group = pool_name(names[st.tid])
-        elif not own and st.name == main_name:
-            wait = waits.get(st.tid) if waits is not None else _wchan(root, target, st.tid)
-            group = f"{pool_name(st.name)} [{wait or '?'}]"
-            guess = True
+        elif guess:
+            group = f"{pool_name(st.name)} [{waits[st.tid] or '?'}]"
         else:
             group = pool_name(st.name)
         stray = cpus != mask and pins.get(st.tid) != cpus
@@ -309,9 +316,15 @@ def census(
         pools.extend(_configured(usable, sizes))
     else:
         pools.extend(
-            Pool(rp.name, n, usable, verdict(n, usable, sizes), "configured", rp.tids)
+            Pool(
+                rp.name,
+                rp.threads,
+                usable,
+                verdict(rp.threads, usable, sizes),
+                "configured",
+                rp.tids,
+            )  # fmt: skip
             for rp in configured
-            for n in (rp.threads,)
         )
     pools.sort(key=lambda p: (p.kind != "threads", -p.threads, p.name))
     return Census(target, plan, tuple(pools))
@@ -326,17 +339,16 @@ def _record_of(pid: int) -> Any:
 _WCHAN = re.compile(r"[A-Za-z0-9_.]{1,48}")
 
 
-def _wchan(root: str, pid: int, tid: int) -> str | None:
-    """What a thread waits in (``running`` while it runs), from its
-    ``wchan``: hostile, so only a short symbol name is taken."""
+def _wchans(root: str, pid: int, tids: Iterable[int]) -> dict[int, str | None]:
+    """What each thread waits in (``running`` while it runs; ``None``: not
+    known), from its ``wchan``, all under one reader: hostile, so only a
+    short symbol name is taken."""
+    out: dict[int, str | None] = {}
     with Reader(root) as r:
-        text = r.text(f"proc/{pid}/task/{tid}/wchan", 128)
-    if text is None:
-        return None
-    text = text.strip()
-    if text == "0":
-        return "running"
-    return text if _WCHAN.fullmatch(text) else None
+        for tid in tids:
+            text = (r.text(f"proc/{pid}/task/{tid}/wchan", 128) or "").strip()
+            out[tid] = "running" if text == "0" else text if _WCHAN.fullmatch(text) else None
+    return out
 
 
 def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:
