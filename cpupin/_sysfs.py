@@ -280,6 +280,17 @@ class Reader:
             self.reasons.append(f"{_show(rel)}: {exc}")
             return None
 
+    def node_cpus(self) -> dict[int, frozenset[int]]:
+        """Each NUMA node's CPUs (``sys/devices/system/node/nodeN/cpulist``);
+        a node with none listed is left out."""
+        out: dict[int, frozenset[int]] = {}
+        for name in self.listdir("sys/devices/system/node") or []:
+            if name.startswith("node") and name[4:].isdigit():
+                cpus = self.cpus(f"sys/devices/system/node/{name}/cpulist")
+                if cpus:
+                    out[int(name[4:])] = cpus
+        return out
+
     def integer(self, rel: str, lo: int, hi: int) -> int | None:
         """A number from ``lo`` to ``hi`` (decimal, or hex with ``0x``)."""
         text = self.text(rel)

@@ -111,15 +111,14 @@ def read_context(
     nodes: dict[str, frozenset[int]] = {}
     with Reader(root) as r:
         online = r.cpus("sys/devices/system/cpu/online") or frozenset()
+        node_cpus = r.node_cpus()
         for i in irqs:
             cpus = r.cpus(f"proc/irq/{i.irq}/smp_affinity_list")
             if cpus:
                 smp[i.irq] = cpus
             node = r.integer(f"proc/irq/{i.irq}/node", -1, 4095)
-            if node is not None and node >= 0:
-                found = r.cpus(f"sys/devices/system/node/node{node}/cpulist")
-                if found:
-                    nodes[i.irq] = found
+            if node is not None and node in node_cpus:
+                nodes[i.irq] = node_cpus[node]
     return smp, nodes, online
 
 

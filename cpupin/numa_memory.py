@@ -166,12 +166,7 @@ def memory_by_node(
     target = "self" if pid is None else str(int(pid))
     with Reader(root) as r:
         if node_cpus is None:
-            node_cpus = {}
-            for name in r.listdir("sys/devices/system/node") or []:
-                if name.startswith("node") and name[4:].isdigit():
-                    cpus = r.cpus(f"sys/devices/system/node/{name}/cpulist")
-                    if cpus is not None:
-                        node_cpus[int(name[4:])] = cpus
+            node_cpus = r.node_cpus()
         fd = r.open_file(f"proc/{target}/numa_maps")
         if fd is None:
             if not r.is_dir(f"proc/{target}"):

@@ -196,12 +196,7 @@ class Census:
 def _host_shape(root: str) -> tuple[int, list[int]]:
     with Reader(root) as r:
         online = r.cpus("sys/devices/system/cpu/online") or frozenset(range(os.cpu_count() or 1))
-        nodes = []
-        for name in r.listdir("sys/devices/system/node") or []:
-            if name.startswith("node") and name[4:].isdigit():
-                cpus = r.cpus(f"sys/devices/system/node/{name}/cpulist")
-                if cpus:
-                    nodes.append(len(cpus))
+        nodes = [len(cpus) for cpus in r.node_cpus().values()]
     return len(online), nodes
 
 
