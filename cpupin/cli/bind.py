@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 
+from cpupin._pmqos import MAX_US
 from cpupin.binding import (
     Binding,
     bind_process,
@@ -80,7 +81,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     cmd.add_argument(
         "--wake-latency",
-        type=_args.whole("--wake-latency", 0, 2_000_000_000),
+        type=_args.whole("--wake-latency", 0, MAX_US),
         metavar="US",
         help="hold every CPU's wake latency at US µs or less while the command runs "
         "(/dev/cpu_dma_latency, held by the command and dropped by the kernel when it exits; "
