@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._native import ThreadStat
 from ._pool_names import (
@@ -34,7 +34,7 @@ from ._torch_thread import note_pool_thread, torch_reading
 from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
 from .pools import cpu_plan
-from .process import process_cpus, process_mask_of, registry_of, thread_masks
+from .process import process_cpus, process_mask_of, record_of, thread_masks
 
 if TYPE_CHECKING:
     from ._registry_read import RecordedPool
@@ -242,7 +242,7 @@ def census(
         mask = process_cpus()
     else:
         if pins is None or recorded is None:
-            record = _record_of(target)
+            record = record_of(target)
             if pins is None:
                 pins = {p.tid: p.cpus for p in record.pins} if record else {}
             if recorded is None:
@@ -323,12 +323,6 @@ def census(
         )
     pools.sort(key=lambda p: (p.kind != "threads", -p.threads, p.name))
     return Census(target, plan, tuple(pools))
-
-
-def _record_of(pid: int) -> Any:
-    """The live process record of ``pid`` (``None``: it keeps none)."""
-    found = registry_of(pid, None)
-    return next((r for r in found.records if r.kind == "process" and r.live and r.pid == pid), None)
 
 
 _WCHAN = re.compile(r"[A-Za-z0-9_.]{1,48}")

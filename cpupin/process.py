@@ -20,7 +20,7 @@ from .cpulist import cpus_phrase, format_cpulist, parse_cpulist
 from .errors import excerpt
 
 if TYPE_CHECKING:
-    from .registry import Registry
+    from .registry import Record, Registry
 
 
 def _log() -> Any:
@@ -346,3 +346,10 @@ def registry_of(pid: int, lock_dirs: list[str] | None) -> Registry:
         first = first or found
     assert first is not None
     return first
+
+
+def record_of(pid: int) -> Record | None:
+    """The live process record of ``pid`` (in the lock directories
+    :func:`registry_of` looks in), or ``None`` where it keeps none."""
+    found = registry_of(pid, None)
+    return next((r for r in found.records if r.kind == "process" and r.live and r.pid == pid), None)

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
@@ -17,6 +18,9 @@ from cpupin.threads import Thread
 
 from . import _args
 from ._pools import throttle_text
+
+if TYPE_CHECKING:
+    from cpupin.registry import Record
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,9 +58,10 @@ def run(args: argparse.Namespace) -> int:
     if args.pid is None:
         _demo_threads()
     sampler = Sampler(args.pid)
-    args.role = _role_of(args.pid or os.getpid())
+    record = _record(args.pid or os.getpid())
+    args.role = (record.role or None) if record else None
     args.usable = _usable_of(args.pid)
-    args.capped = _capped(args.pid)
+    args.capped = _capped(args.pid, record)
     counts = range(args.count) if args.count is not None else itertools.count()
     document: list[dict[str, object]] = []
     stopped: ProcessLookupError | None = None
@@ -166,27 +171,18 @@ def stall_remedies(
     return out
 
 
-def _capped(pid: int | None) -> bool:
+def _capped(pid: int | None, record: Record | None) -> bool:
     """Whether the process's pools are capped already: cpupin set its pool
     variables (``cpupin exec``, ``child_env()``), or its record says it
     called ``limit_pools()``."""
     from cpupin.pools import ENV_POOL_VARS
-    from cpupin.process import environ_of, registry_of
+    from cpupin.process import environ_of
 
     if pid is None:
         return bool(os.environ.get(ENV_POOL_VARS))
     if environ_of(pid, ENV_POOL_VARS):
         return True
-    try:
-        found = registry_of(pid, None)
-    except OSError:
-        return False
-    return any(
-        n.startswith("limit_pools")
-        for r in found.records
-        if r.kind == "process" and r.live and r.pid == pid
-        for n in r.notes
-    )
+    return record is not None and any(n.startswith("limit_pools") for n in record.notes)
 
 
 def _usable_of(pid: int | None) -> int | None:
@@ -199,22 +195,14 @@ def _usable_of(pid: int | None) -> int | None:
         return None
 
 
-def _role_of(pid: int) -> str | None:
-    """The role the process gives itself in its record (a vLLM server's
-    ``vllm-worker``, say), else ``None``."""
-    from cpupin.process import registry_of
+def _record(pid: int) -> Record | None:
+    """The process's live record (its role, its notes), else ``None``."""
+    from cpupin.process import record_of
 
     try:
-        found = registry_of(pid, None)
+        return record_of(pid)
     except OSError:
         return None
-    return (
-        next(
-            (r.role for r in found.records if r.kind == "process" and r.live and r.pid == pid),
-            None,
-        )
-        or None
-    )
 
 
 def _short(cpus: frozenset[int]) -> str:
