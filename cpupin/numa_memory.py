@@ -14,9 +14,10 @@ process of hundreds of GiB costs the kernel a while: it is read on demand
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ._sysfs import Reader
 
@@ -92,28 +93,21 @@ class NodeMemory:
         )
 
 
-@dataclass
-class _Sums:
-    by_node: dict[int, int] = field(default_factory=dict)
-    mappings: int = 0
-    partial: str = ""
-
-
 def parse_numa_maps(lines: Iterable[bytes]) -> tuple[dict[int, int], int, str]:
     """Bytes per node over ``numa_maps`` lines, the mappings counted, and
     why it stopped short (empty when it did not). Pure; never raises: a
     line that is not one is skipped."""
-    sums = _Sums()
+    by_node: dict[int, int] = {}
+    mappings = 0
     for line in lines:
-        if sums.mappings >= MAX_LINES:
-            sums.partial = f"more than {MAX_LINES} mappings: the rest not counted"
-            break
-        sums.mappings += 1
-        _add(line, sums)
-    return sums.by_node, sums.mappings, sums.partial
+        if mappings >= MAX_LINES:
+            return by_node, mappings, f"more than {MAX_LINES} mappings: the rest not counted"
+        mappings += 1
+        _add(line, by_node)
+    return by_node, mappings, ""
 
 
-def _add(line: bytes, sums: _Sums) -> None:
+def _add(line: bytes, by_node: dict[int, int]) -> None:
     page_kb = 4
     counts = []
     for word in line.split()[1:]:
@@ -126,12 +120,10 @@ def _add(line: bytes, sums: _Sums) -> None:
             if m and 0 < int(m.group(1)) <= MAX_PAGE_KB:
                 page_kb = int(m.group(1))
     for node, pages in counts:
-        sums.by_node[node] = sums.by_node.get(node, 0) + pages * page_kb * 1024
+        by_node[node] = by_node.get(node, 0) + pages * page_kb * 1024
 
 
 def _lines(fd: int, limit: int) -> Iterator[bytes]:
-    import os
-
     rest = b""
     read = 0
     while read < limit:
@@ -161,8 +153,6 @@ def memory_by_node(
     ``ProcessLookupError`` for a process that is gone, ``OSError`` where
     ``numa_maps`` cannot be read (another user's process, a kernel without
     NUMA)."""
-    import os
-
     target = "self" if pid is None else str(int(pid))
     with Reader(root) as r:
         if node_cpus is None:
