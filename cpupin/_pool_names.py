@@ -11,12 +11,13 @@ import threading
 import time
 from typing import Any
 
-from ._record import MAX_POOL_TIDS, MAX_POOLS
+from ._record import MAX_NAME, MAX_POOL_TIDS, MAX_POOLS
 from ._torch_thread import torch_reading
 from .errors import printable
 
 __all__ = [
     "ONE_EACH",
+    "configured_pools",
     "controllers",
     "pool_name",
     "recorded_pools",
@@ -64,6 +65,27 @@ def controllers() -> list[Any]:
     return found
 
 
+def configured_pools(*, scan: bool) -> list[tuple[str, int, tuple[int, ...]]]:
+    """The pools this process's libraries configured: (name, size, the
+    threads it was read on): torch's intra-op pool, read on the thread
+    that runs it where that one said so (:func:`note_pool_thread`), and each
+    BLAS or OpenMP runtime threadpoolctl finds (``scan=False``: only those a
+    scan already found, since a scan costs milliseconds)."""
+    out: list[tuple[str, int, tuple[int, ...]]] = []
+    found = torch_reading()
+    if found is not None:
+        out.append(("torch intra-op", found[0], found[1]))
+    _, pid, libs = _scan
+    for lib in controllers() if scan else libs if pid == os.getpid() else []:
+        try:
+            n = int(lib.num_threads)
+        except Exception:  # noqa: BLE001 - a library that cannot say is left out
+            continue
+        label = f"{lib.internal_api} ({os.path.basename(lib.filepath)})"
+        out.append((printable(label, MAX_NAME), n, ()))
+    return out
+
+
 def recorded_pools() -> list[dict[str, object]]:
     """This process's pools as its record carries them, for the census from
     outside: its threads (but the main one) grouped by their Python names,
@@ -85,23 +107,15 @@ def recorded_pools() -> list[dict[str, object]]:
         kept = sorted(tids)[: max(room, 0)]
         room -= len(kept)
         out.append(
-            {"name": printable(name, 64), "kind": "threads", "threads": len(tids), "tids": kept}
+            {
+                "name": printable(name, MAX_NAME),
+                "kind": "threads",
+                "threads": len(tids),
+                "tids": kept,
+            }
         )
-    found = torch_reading()
-    if found is not None:
-        n, read_on = found
-        out.append(
-            {"name": "torch intra-op", "kind": "configured", "threads": n, "tids": list(read_on)}
-        )
-    _, pid, libs = _scan
-    if pid == os.getpid() and libs:
-        for lib in libs[:3]:
-            try:
-                n = int(lib.num_threads)
-            except Exception:  # noqa: BLE001 - a library that cannot say is left out
-                continue
-            label = f"{lib.internal_api} ({os.path.basename(lib.filepath)})"
-            out.append(
-                {"name": printable(label, 64), "kind": "configured", "threads": n, "tids": []}
-            )
+    out.extend(
+        {"name": name, "kind": "configured", "threads": n, "tids": list(tids)}
+        for name, n, tids in configured_pools(scan=False)[:4]
+    )
     return out

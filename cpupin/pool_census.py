@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 from ._native import ThreadStat
 from ._pool_names import (
     ONE_EACH,
-    controllers,
+    configured_pools,
     pool_name,
     recorded_pools,
 )
 from ._sysfs import Reader
-from ._torch_thread import note_pool_thread, torch_reading
+from ._torch_thread import note_pool_thread
 from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
 from .pools import cpu_plan
@@ -341,17 +341,11 @@ def _wchans(root: str, pid: int, tids: Iterable[int]) -> dict[int, str | None]:
 
 
 def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:
-    out = []
-    found = torch_reading()
-    if found is not None:
-        n, tids = found
-        out.append(Pool("torch intra-op", n, usable, verdict(n, usable, sizes), "configured", tids))
-    if "threadpoolctl" in sys.modules or _any_pool_library():
-        for lib in controllers():
-            n = lib.num_threads
-            label = f"{lib.internal_api} ({os.path.basename(lib.filepath)})"
-            out.append(Pool(label, n, usable, verdict(n, usable, sizes), "configured"))
-    return out
+    scan = "threadpoolctl" in sys.modules or _any_pool_library()
+    return [
+        Pool(name, n, usable, verdict(n, usable, sizes), "configured", tids)
+        for name, n, tids in configured_pools(scan=scan)
+    ]
 
 
 def _any_pool_library() -> bool:
