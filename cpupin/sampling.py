@@ -355,7 +355,6 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
             entry["throttling"] = throttling.as_dict() if throttling else None
             ran = [s.tid for s in got if s.cpu_ms_per_s > 0]
             entry.update(_pools_of(record, result.threads, ran))
-            entry["memory"] = _memory_of(record.pid, result.threads)
             by_tid = {s.tid: s for s in got}
             pinned = {p.tid: p for p in record.pins}
             threads = []
@@ -407,28 +406,16 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
     }
 
 
-def _memory_of(
-    pid: int, threads: list[tuple[_native.ThreadStat, frozenset[int]]]
-) -> dict[str, object] | None:
-    """A process's memory by node against the nodes of its mask."""
-    from .numa_memory import memory_summary
-    from .process import process_mask_of
-
-    try:
-        mask = process_mask_of(pid, [m for _, m in threads])[0]
-    except (OSError, ValueError):
-        return None
-    return memory_summary(pid, mask)
-
-
 def _pools_of(
     record: Record,
     threads: list[tuple[_native.ThreadStat, frozenset[int]]],
     ran: Iterable[int] | None = None,
 ) -> dict[str, object]:
-    """A process's usable CPUs and its census of pools, seen from outside,
-    from the threads its sample read and the pins its record lists; nothing
-    when it exits meanwhile."""
+    """A process's usable CPUs, its census of pools and where its memory
+    lies (against the nodes of the mask the census found), seen from
+    outside, from the threads its sample read and the pins its record
+    lists; nothing when it exits meanwhile."""
+    from .numa_memory import memory_summary
     from .pool_census import census
 
     try:
@@ -436,4 +423,8 @@ def _pools_of(
         found = census(record.pid, threads=threads, pins=pins, ran=ran, recorded=record.pools)
     except (OSError, ValueError):
         return {}
-    return {"usable_cpus": found.usable_cpus, "pools": [p.as_dict() for p in found.pools]}
+    return {
+        "usable_cpus": found.usable_cpus,
+        "pools": [p.as_dict() for p in found.pools],
+        "memory": memory_summary(record.pid, found.plan.mask),
+    }
