@@ -23,7 +23,7 @@ from .helpers import ready_child, run
 # CPU that puts on a queue (its feeder starts from the pinned thread), a
 # result thread that takes from it.
 RUNTIME = """
-import json, sys, threading, time
+import json, sys, threading
 import cpupin
 cpus = sorted(cpupin.process_cpus())
 stop = threading.Event()
@@ -46,8 +46,7 @@ def result():
 threads = [cpupin.Thread(target=step, name="step"), cpupin.Thread(target=result, name="result")]
 for t in threads:
     t.start()
-stepping.wait()
-time.sleep(0.05)  # the feeder has handed the token over: it waits now
+stepping.wait()  # the feeder started (and was named, and recorded) within put()
 print("ready", flush=True)
 print(json.dumps(cpupin.census().as_dict()), flush=True)
 sys.stdin.readline()
