@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from ._native import as_pid
 from ._sysfs import Reader
 
 __all__ = [
@@ -153,7 +154,7 @@ def memory_by_node(
     ``ProcessLookupError`` for a process that is gone, ``OSError`` where
     ``numa_maps`` cannot be read (another user's process, a kernel without
     NUMA)."""
-    target = "self" if pid is None else str(int(pid))
+    target = "self" if pid is None else str(as_pid(pid))
     with Reader(root) as r:
         if node_cpus is None:
             node_cpus = r.node_cpus()

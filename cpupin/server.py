@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import registry
+from ._pmqos import MAX_US
 from .cpulist import format_cpulist
 from .cpuplan import CpuPlan
 from .errors import PlanError, excerpt
@@ -295,6 +296,11 @@ def plan_server(
     """
     env = os.environ if environ is None else environ
     hold_us = wake_latency_from_env(env) if wake_latency_us is None else wake_latency_us
+    if hold_us is not None and (type(hold_us) is not int or not 0 <= hold_us <= MAX_US):
+        raise PlanError(
+            f"wake_latency_us={excerpt(hold_us)}: give whole µs from 0 to {MAX_US} (0: the "
+            "pinned CPUs poll when idle), or None to hold nothing"
+        )
     value = setting_from_env(env) if setting is None else parse_setting(setting)
     host = read_host(root)
     allowed = (frozenset(mask) if mask is not None else process_cpus()) & host.cpus
@@ -334,8 +340,6 @@ ENV_WAKE_LATENCY = "CPUPIN_WAKE_LATENCY_US"
 def wake_latency_from_env(environ: Mapping[str, str]) -> int | None:
     """``CPUPIN_WAKE_LATENCY_US`` as a number of µs (unset or empty: ``None``).
     :class:`PlanError` naming the value for anything else."""
-    from .wake import MAX_US
-
     value = environ.get(ENV_WAKE_LATENCY)
     if value is None or value == "":
         return None

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from . import _native
 from ._pmqos import (
     MAX_US,
     SYSFS,
@@ -40,7 +41,7 @@ from ._pmqos import (
     why,
 )
 from ._sysfs import Reader
-from .cpulist import format_cpulist, parse_cpulist
+from .cpulist import format_cpulist
 from .errors import excerpt
 
 __all__ = [
@@ -216,7 +217,7 @@ def hold_wake_latency(
         if cpus is None:
             wanted = frozenset(online)
         else:
-            wanted = parse_cpulist(cpus) if isinstance(cpus, str) else frozenset(cpus)
+            wanted = _native.cpu_set(cpus)  # ValueError naming what is not a CPU
             if not wanted:
                 raise ValueError("no CPU named: name the step and result CPUs to hold")
             if not wanted <= online:

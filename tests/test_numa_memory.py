@@ -147,3 +147,9 @@ def test_prometheus_exports_memory_only_when_asked(tmp_path):
     lines = [x for x in text.splitlines() if x.startswith("cpupin_process_memory_bytes{")]
     assert lines and all(f'pid="{pid}"' in x for x in lines)
     assert f'cpupin_process_memory_remote_bytes{{pid="{pid}"}}' in text
+
+
+@pytest.mark.parametrize("pid", ["x", 0, -3, True, 1 << 40])
+def test_a_bad_pid_is_named(pid):
+    with pytest.raises(ValueError, match="is not a process id"):
+        memory_by_node(pid)

@@ -467,3 +467,15 @@ def test_a_server_putting_away_its_killed_workers_puts_back_their_holds(tmp_path
         assert Path(REAL.format(cpu)).read_text().strip() == before
     finally:
         Path(REAL.format(cpu)).write_text(before)
+
+
+@pytest.mark.parametrize("cpus", [["a"], [-1], "x-", 5, [True]])
+def test_bad_cpus_are_named(cpus):
+    with pytest.raises(ValueError, match="CPU|set of CPUs"):
+        cpupin.hold_wake_latency(cpus, 0)
+
+
+@pytest.mark.parametrize("bound", ["0", -1, 1.5, MAX_US + 1])
+def test_a_plans_bad_wake_latency_is_named(bound):
+    with pytest.raises(cpupin.PlanError, match="wake_latency_us"):
+        cpupin.plan_server("off", ["w0"], wake_latency_us=bound)
