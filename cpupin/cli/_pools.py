@@ -63,12 +63,14 @@ def pool_lines(pools: Sequence[Mapping[str, object]], indent: str = "  ") -> lis
 
 
 def _size(n: object) -> str:
+    """Bytes in the unit that keeps the figure under 1024 (TiB at most)."""
     value = float(n) if isinstance(n, (int, float)) else 0.0
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
+    unit = "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def memory_lines(memory: Mapping[str, object] | None, indent: str = "") -> list[str]:
