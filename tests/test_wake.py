@@ -18,11 +18,11 @@ import cpupin
 from cpupin import wake
 from cpupin._pmqos import MAX_US, format_resume_latency, parse_resume_latency
 from cpupin.doctor import diagnose
-from cpupin.handoff import HandoffResult
 from cpupin.hosts import host_named
 from cpupin.server import ENV_WAKE_LATENCY, wake_latency_from_env
 
 from .helpers import ready_child, run
+from .test_measure import fake_handoffs
 
 REAL = "/sys/devices/system/cpu/cpu{}/power/pm_qos_resume_latency_us"
 DRIVER = Path("/sys/devices/system/cpu/cpuidle/current_driver")
@@ -255,13 +255,6 @@ def test_ps_shows_a_hold_in_text_json_and_prometheus(tmp_path, lock_dir):
 # --- the doctor's judgement (pure) ---------------------------------------------------
 
 
-def result(cpus, median_us, idle=False):
-    ns = median_us * 1000
-    return HandoffResult(
-        cpus, "block", 200 if idle else 0, 300, ns, ns, 2 * ns, ns if idle else None
-    )
-
-
 @pytest.mark.parametrize(
     "idle, busy, held, verdict, pays",
     [
@@ -275,12 +268,15 @@ def test_the_doctor_says_hold_where_the_hold_removes_most_of_the_wake(
     idle, busy, held, verdict, pays
 ):
     host = host_named("h100-vm")
-    handoffs = {
-        "same CPU busy": result((0, 0), 1.0),
-        "other core busy": result((0, 1), busy),
-        "other core idle": result((0, 1), idle, idle=True),
-        "other core held": result((0, 1), held, idle=True),
-    }
+    us = 1000
+    handoffs = fake_handoffs(
+        [
+            ("same CPU busy", 0, 1 * us, 1 * us),
+            ("other core busy", 0, busy * us, busy * us),
+            ("other core idle", 200, idle * us, idle * us),
+            ("other core held", 200, held * us, held * us),
+        ]
+    )
     d = diagnose(host, handoffs, "this machine")
     assert d.verdict == verdict, d.why
     assert d.hold.startswith("pays" if pays else "does not pay"), d.hold
@@ -289,11 +285,13 @@ def test_the_doctor_says_hold_where_the_hold_removes_most_of_the_wake(
 
 
 def test_the_doctor_says_why_the_hold_was_not_measured():
-    handoffs = {
-        "same CPU busy": result((0, 0), 1.0),
-        "other core busy": result((0, 1), 27),
-        "other core idle": result((0, 1), 26, idle=True),
-    }
+    handoffs = fake_handoffs(
+        [
+            ("same CPU busy", 0, 1_000, 1_000),
+            ("other core busy", 0, 27_000, 27_000),
+            ("other core idle", 200, 26_000, 26_000),
+        ]
+    )
     d = diagnose(host_named("h100-vm"), handoffs, "this machine", None, "not measured: why")
     assert d.verdict == "off" and d.hold == "not measured: why"
     assert diagnose(host_named("h100-vm"), None).hold == ""
