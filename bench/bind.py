@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _env import fmt_ns, paired, start, timed  # noqa: E402
 
 from cpupin import process_cpus  # noqa: E402
-from cpupin.binding import bind_process, decide_binding  # noqa: E402
-from cpupin.hosts import _built, host_named  # noqa: E402
+from cpupin.act.binding import bind_process
+from cpupin.host.shapes import _built, host_named  # noqa: E402
+from cpupin.plan.binding import decide_binding
 
 
 def main() -> None:

@@ -31,8 +31,8 @@ sys.path.insert(0, str(HERE))
 from _env import describe  # noqa: E402
 
 from cpupin.cpulist import format_cpulist  # noqa: E402
-from cpupin.handoff import handoff, handoff_python, pair_kinds  # noqa: E402
-from cpupin.topology import read_host  # noqa: E402
+from cpupin.host.topology import read_host  # noqa: E402
+from cpupin.measure.handoff import handoff, handoff_python, pair_kinds  # noqa: E402
 
 
 def perf_pipe(cpus: str, loops: int) -> float | None:

@@ -3,7 +3,7 @@ psutil and a plain Python read of /proc for the same per-thread numbers.
 
 Prints the environment, then medians over ``--rounds`` for a process of
 ``--threads`` threads: one scrape (``generate_latest`` of a registry holding
-``cpupin.metrics.ThreadCollector``), the collector's read alone, psutil's
+``cpupin.measure.metrics.ThreadCollector``), the collector's read alone, psutil's
 ``Process.threads()`` (CPU times only, no run-queue wait), and a Python loop
 over ``/proc/self/task/*/schedstat``.
 
@@ -34,7 +34,7 @@ def main() -> None:
     import psutil
 
     import cpupin
-    from cpupin.metrics import ThreadCollector
+    from cpupin.measure.metrics import ThreadCollector
 
     stop = threading.Event()
     parked = [threading.Thread(target=stop.wait, daemon=True) for _ in range(args.threads - 1)]

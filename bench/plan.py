@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _env import fmt_ns, paired, start  # noqa: E402
 
-from cpupin.hosts import HOSTS, GpuSpec, HostSpec, _built, host_named  # noqa: E402
-from cpupin.placement import place  # noqa: E402
-from cpupin.server import plan_server  # noqa: E402
+from cpupin.act.server import plan_server  # noqa: E402
+from cpupin.host.shapes import HOSTS, GpuSpec, HostSpec, _built, host_named  # noqa: E402
+from cpupin.plan.placement import place  # noqa: E402
 from tests.specs import spec_host  # noqa: E402
 
 BIG = HostSpec(

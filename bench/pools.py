@@ -38,8 +38,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from _env import describe, enter_cgroup, quota_cgroup  # noqa: E402
 
-from cpupin.pools import POOL_VARS  # noqa: E402
-from cpupin.throttle import parse_cpu_stat  # noqa: E402
+from cpupin.host.throttle import parse_cpu_stat  # noqa: E402
+from cpupin.pools.limits import POOL_VARS  # noqa: E402
 
 WORKLOAD = """
 import json, os, sys, time

@@ -44,7 +44,7 @@ def main() -> None:
         t.start()
         t.join()
 
-    from cpupin import threads as cpupin_threads
+    from cpupin.threads import thread as cpupin_threads
 
     def unnamed() -> None:
         # The cost of the kernel name alone: the same start without it.

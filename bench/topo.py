@@ -24,16 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _env import describe, fmt_ns, paired, timed  # noqa: E402
 
-from cpupin import _sysfs, cli  # noqa: E402
+from cpupin import cli
 from cpupin.cli import _args as cli_args  # noqa: E402
 from cpupin.cpulist import parse_cpulist  # noqa: E402
-from cpupin.cpuplan import CpuPlan  # noqa: E402
-from cpupin.hosts import (  # noqa: E402
+from cpupin.host import _sysfs  # noqa: E402
+from cpupin.host.shapes import (  # noqa: E402
     HostSpec,  # noqa: E402
     _built,
     host_named,
 )
-from cpupin.topology import read_host  # noqa: E402
+from cpupin.host.topology import read_host  # noqa: E402
+from cpupin.plan.cpuplan import CpuPlan  # noqa: E402
 from tests.specs import spec_host  # noqa: E402
 
 

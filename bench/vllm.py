@@ -73,7 +73,7 @@ def server_env(case: str, lock_dir: str) -> dict[str, str]:
     if case == "exec-before":
         # cpupin exec's pool variables before they were set only where they narrow
         sys.path.insert(0, str(ROOT))
-        from cpupin.pools import POOL_VARS
+        from cpupin.pools.limits import POOL_VARS
 
         usable = str(len(os.sched_getaffinity(0)))
         env.update({name: usable for name in POOL_VARS if name != "RAYON_NUM_THREADS"})

@@ -23,7 +23,7 @@ from _env import describe  # noqa: E402
 from handoff import perf_pipe  # noqa: E402
 
 import cpupin  # noqa: E402
-from cpupin.handoff import handoff  # noqa: E402
+from cpupin.measure.handoff import handoff  # noqa: E402
 
 IDLE_US = 200
 
@@ -45,7 +45,7 @@ def main() -> int:
         return 2
     print(describe())
     print(f"pair {a},{b}; the sender waits {IDLE_US} µs before each handoff")
-    print(f"pm_qos_resume_latency_us before: {cpupin.wake.resume_latencies({a, b})}")
+    print(f"pm_qos_resume_latency_us before: {cpupin.act.wake.resume_latencies({a, b})}")
     cases: dict[str, Callable[[], AbstractContextManager[object]]] = {
         "no hold": nullcontext,
         "sysfs n/a on the pair": lambda: cpupin.hold_wake_latency({a, b}, 0),
@@ -84,7 +84,7 @@ def main() -> int:
         print(
             f"| {name} | {med / 1000:.1f} µs | {p99 / 1000:.1f} µs | {base / med:.1f}x | {pipe} |"
         )
-    print(f"\npm_qos_resume_latency_us after: {cpupin.wake.resume_latencies({a, b})}")
+    print(f"\npm_qos_resume_latency_us after: {cpupin.act.wake.resume_latencies({a, b})}")
     return 0
 
 

@@ -17,14 +17,14 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 # Recorded at import, from the main thread, before anything can pin: the
-# process mask (see cpupin.process). Pinning (cpupin.threads, with the
+# process mask (see cpupin.process.mask). Pinning (cpupin.threads.thread, with the
 # record it writes) is imported here too: a signal handler that pins while
 # the main thread is in the middle of a first, lazy import of it would
 # find it half made. Everything else is imported on first use, so that
 # ``import cpupin`` costs little more than the native layer
 # (bench/RESULTS.md).
-from .process import process_cpus, set_process_cpus
-from .threads import (
+from cpupin.process.mask import process_cpus, set_process_cpus
+from cpupin.threads.thread import (
     Pin,
     Thread,
     ThreadInfo,
@@ -37,7 +37,7 @@ from .threads import (
 )
 
 if TYPE_CHECKING:
-    from ._native import (
+    from cpupin._native import (
         HAVE_AFFINITY,
         SchedStat,
         ThreadStat,
@@ -49,24 +49,15 @@ if TYPE_CHECKING:
         set_affinity,
         thread_stats,
     )
-    from .binding import Binding, bind_process, decide_binding
-    from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
-    from .cpuplan import CpuPlan
-    from .errors import PlanError, UnsupportedPlatform
-    from .guard import Drift, PinGuard, check_pins, guard_pins
-    from .handoff import HandoffResult
-    from .irqs import IrqOnPin, read_irqs
-    from .launcher import CpuOrigin, explain_cpus
-    from .lock import Claim, claim_gpus
-    from .numa_memory import NodeMemory, memory_by_node
-    from .placement import Placement, WorkerPlacement, parse_setting, place, setting_from_env
-    from .pool_census import Census, Pool, census
-    from .pools import PoolLimits, cpu_plan, limit_pools, pool_env, usable_cpus
-    from .sampling import Sampler, ThreadSample, sample_threads
-    from .server import ServerPlan, child_env, plan_server, resolve_devices
-    from .stepclock import Step, StepClock
-    from .threads import Queue, ThreadPool
-    from .topology import (
+    from cpupin.act.binding import bind_process
+    from cpupin.act.server import ServerPlan, child_env, plan_server, resolve_devices
+    from cpupin.act.wake import HoldRefused, WakeHold, hold_wake_latency
+    from cpupin.cpulist import format_cpulist, parse_cpulist, parse_cpumask
+    from cpupin.errors import PlanError, UnsupportedPlatform
+    from cpupin.host.irqs import IrqOnPin, read_irqs
+    from cpupin.host.launcher import CpuOrigin, explain_cpus
+    from cpupin.host.numa_memory import NodeMemory, memory_by_node
+    from cpupin.host.topology import (
         Core,
         CoreClass,
         Gpu,
@@ -77,86 +68,111 @@ if TYPE_CHECKING:
         parse_pci_address,
         read_host,
     )
-    from .wake import HoldRefused, WakeHold, hold_wake_latency
+    from cpupin.measure.handoff import HandoffResult
+    from cpupin.measure.sampling import Sampler, ThreadSample, sample_threads
+    from cpupin.measure.stepclock import Step, StepClock
+    from cpupin.plan.binding import Binding, decide_binding
+    from cpupin.plan.cpuplan import CpuPlan
+    from cpupin.plan.placement import (
+        Placement,
+        WorkerPlacement,
+        parse_setting,
+        place,
+        setting_from_env,
+    )
+    from cpupin.pools.census import Census, Pool, census
+    from cpupin.pools.limits import PoolLimits, cpu_plan, limit_pools, pool_env, usable_cpus
+    from cpupin.registry.lock import Claim, claim_gpus
+    from cpupin.threads.guard import Drift, PinGuard, check_pins, guard_pins
+    from cpupin.threads.thread import Queue, ThreadPool
 
 __version__ = "0.1.0"
 
 #: Each public name not imported above to the module that defines it,
 #: imported on first use.
 _LAZY: dict[str, str] = {
-    "Binding": "binding",
-    "Census": "pool_census",
-    "Claim": "lock",
-    "Core": "topology",
-    "CoreClass": "topology",
-    "CpuOrigin": "launcher",
-    "explain_cpus": "launcher",
-    "IrqOnPin": "irqs",
-    "read_irqs": "irqs",
-    "CpuPlan": "cpuplan",
-    "Gpu": "topology",
+    "Binding": "plan.binding",
+    "Census": "pools.census",
+    "Claim": "registry.lock",
+    "Core": "host.topology",
+    "CoreClass": "host.topology",
+    "CpuOrigin": "host.launcher",
+    "explain_cpus": "host.launcher",
+    "IrqOnPin": "host.irqs",
+    "read_irqs": "host.irqs",
+    "CpuPlan": "plan.cpuplan",
+    "Gpu": "host.topology",
     "HAVE_AFFINITY": "_native",
-    "HandoffResult": "handoff",
-    "Host": "topology",
-    "IdleState": "topology",
-    "Node": "topology",
-    "Placement": "placement",
+    "HandoffResult": "measure.handoff",
+    "Host": "host.topology",
+    "IdleState": "host.topology",
+    "Node": "host.topology",
+    "Placement": "plan.placement",
     "PlanError": "errors",
-    "Pool": "pool_census",
-    "PoolLimits": "pools",
-    "Quota": "topology",
-    "Sampler": "sampling",
+    "Pool": "pools.census",
+    "PoolLimits": "pools.limits",
+    "Quota": "host.topology",
+    "Sampler": "measure.sampling",
     "SchedStat": "_native",
-    "ServerPlan": "server",
-    "Step": "stepclock",
-    "StepClock": "stepclock",
-    "ThreadPool": "threads",
-    "Queue": "threads",
-    "ThreadSample": "sampling",
+    "ServerPlan": "act.server",
+    "Step": "measure.stepclock",
+    "StepClock": "measure.stepclock",
+    "ThreadPool": "threads.thread",
+    "Queue": "threads.thread",
+    "ThreadSample": "measure.sampling",
     "ThreadStat": "_native",
     "UnsupportedPlatform": "errors",
-    "WorkerPlacement": "placement",
-    "bind_process": "binding",
-    "census": "pool_census",
-    "child_env": "server",
-    "claim_gpus": "lock",
-    "cpu_plan": "pools",
-    "decide_binding": "binding",
+    "WorkerPlacement": "plan.placement",
+    "bind_process": "act.binding",
+    "census": "pools.census",
+    "child_env": "act.server",
+    "claim_gpus": "registry.lock",
+    "cpu_plan": "pools.limits",
+    "decide_binding": "plan.binding",
     "format_cpulist": "cpulist",
     "get_affinity": "_native",
     "getcpu": "_native",
     "gettid": "_native",
-    "limit_pools": "pools",
+    "limit_pools": "pools.limits",
     "online_cpus": "_native",
     "parse_cpulist": "cpulist",
     "parse_cpumask": "cpulist",
-    "parse_pci_address": "topology",
-    "parse_setting": "placement",
-    "place": "placement",
-    "plan_server": "server",
-    "pool_env": "pools",
-    "read_host": "topology",
-    "resolve_devices": "server",
-    "sample_threads": "sampling",
+    "parse_pci_address": "host.topology",
+    "parse_setting": "plan.placement",
+    "place": "plan.placement",
+    "plan_server": "act.server",
+    "pool_env": "pools.limits",
+    "read_host": "host.topology",
+    "resolve_devices": "act.server",
+    "sample_threads": "measure.sampling",
     "schedstat": "_native",
     "set_affinity": "_native",
-    "setting_from_env": "placement",
+    "setting_from_env": "plan.placement",
     "thread_stats": "_native",
-    "usable_cpus": "pools",
-    "HoldRefused": "wake",
-    "WakeHold": "wake",
-    "hold_wake_latency": "wake",
-    "NodeMemory": "numa_memory",
-    "Drift": "guard",
-    "PinGuard": "guard",
-    "check_pins": "guard",
-    "guard_pins": "guard",
-    "memory_by_node": "numa_memory",
+    "usable_cpus": "pools.limits",
+    "HoldRefused": "act.wake",
+    "WakeHold": "act.wake",
+    "hold_wake_latency": "act.wake",
+    "NodeMemory": "host.numa_memory",
+    "Drift": "threads.guard",
+    "PinGuard": "threads.guard",
+    "check_pins": "threads.guard",
+    "guard_pins": "threads.guard",
+    "memory_by_node": "host.numa_memory",
 }
+
+
+#: Modules the guides reach as attributes of the package (``cpupin.handoff``
+#: in docs/pinning.md), by the name they had before the package had parts.
+_MODULES: dict[str, str] = {"handoff": "measure.handoff"}
 
 
 def __getattr__(name: str) -> Any:
     """A public name, or a submodule, imported when first asked for."""
+    if name in _MODULES:
+        found = _load(_MODULES[name])
+        globals()[name] = found
+        return found
     module = _LAZY.get(name)
     if module is None:
         try:

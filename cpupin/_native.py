@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, NoReturn
 
-from ._cpupin import ffi, lib
-from .cpulist import MAX_CPUS, as_cpu, cpus_phrase, format_cpulist, parse_cpulist
-from .errors import UnsupportedPlatform, excerpt
+from cpupin._cpupin import ffi, lib
+from cpupin.cpulist import MAX_CPUS, as_cpu, cpus_phrase, format_cpulist, parse_cpulist
+from cpupin.errors import UnsupportedPlatform, excerpt
 
 __all__ = [
     "HAVE_AFFINITY",
@@ -463,7 +463,7 @@ def schedstat(tid: int = 0, pid: int | None = None) -> SchedStat:
 
 def thread_start_time() -> int | None:
     """The calling thread's start time in clock ticks since boot (what
-    ``cpupin._proc.start_time`` reads from ``stat``), read once a thread in
+    ``cpupin.host._proc.start_time`` reads from ``stat``), read once a thread in
     one C call and then kept: it never changes while the thread lives, and
     the kept value is checked against the tid (a forked child's thread is
     another thread). ``None`` where ``/proc`` cannot say."""
@@ -672,7 +672,7 @@ _NODE_WORDS = 16
 
 def set_mempolicy(mode: int, nodes: Iterable[int] = ()) -> int:
     """Set the calling thread's memory policy: 0, or ``-errno`` (the caller
-    decides what a refusal means; see :mod:`cpupin.binding`)."""
+    decides what a refusal means; see :mod:`cpupin.plan.binding`)."""
     wanted = set(nodes)
     if wanted and max(wanted) >= 64 * _NODE_WORDS:
         return -errno.EINVAL
@@ -730,7 +730,7 @@ def open_in_root(root_fd: int, path: str, want_dir: bool) -> tuple[int, int]:
     """``path`` opened for reading as if ``root_fd`` were ``/`` (``openat2``
     with ``RESOLVE_IN_ROOT``), only when it is a regular file (or, with
     ``want_dir``, a directory): ``(fd, 0)``, or ``(-errno, st_mode)``, with
-    ``-EMEDIUMTYPE`` when the type is wrong. See :mod:`cpupin._sysfs`."""
+    ``-EMEDIUMTYPE`` when the type is wrong. See :mod:`cpupin.host._sysfs`."""
     mode = ffi.new(_UINT)
     rc = lib.cpupin_open_in_root(root_fd, path.encode("utf-8", "surrogateescape"), want_dir, mode)
     return rc, mode[0]

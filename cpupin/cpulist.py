@@ -10,7 +10,7 @@ import operator
 import re
 from collections.abc import Iterable
 
-from .errors import excerpt
+from cpupin.errors import excerpt
 
 __all__ = [
     "MAX_CPUS",

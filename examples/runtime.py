@@ -36,7 +36,7 @@ import time
 from multiprocessing.connection import wait
 
 import cpupin
-from cpupin.sampling import Sampler
+from cpupin import Sampler
 
 log = logging.getLogger("runtime")
 

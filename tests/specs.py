@@ -4,8 +4,8 @@ spec's arithmetic, never from a tree."""
 
 from __future__ import annotations
 
-from cpupin.hosts import HostSpec
-from cpupin.topology import (
+from cpupin.host.shapes import HostSpec
+from cpupin.host.topology import (
     GPU_VENDORS,
     Core,
     CoreClass,

@@ -34,7 +34,7 @@ GPU_VENDOR_IDS = (0x10DE, 0x1002, 0x8086)
 def host_specs(draw, max_cores=256):
     """Random host shapes: sockets x nodes x cores x SMT, sibling numbering,
     offline CPUs, 0-16 GPUs on random nodes, same-vendor non-GPU functions."""
-    from cpupin.hosts import GpuSpec, HostSpec, PciSpec
+    from cpupin.host.shapes import GpuSpec, HostSpec, PciSpec
 
     sockets = draw(st.integers(1, 4))
     nodes_per_socket = draw(st.integers(1, 4))

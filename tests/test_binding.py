@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpupin import PlanError, binding
-from cpupin.binding import Binding, decide_binding
+from cpupin import PlanError
+from cpupin.act import binding
 from cpupin.cli import main
-from cpupin.hosts import HOSTS, host_named
+from cpupin.host.shapes import HOSTS, host_named
+from cpupin.plan.binding import Binding, decide_binding
 
 from .helpers import run, run_python
 from .specs import spec_host
@@ -445,7 +446,7 @@ def test_exec_local_rank_reads_each_launchers_variable(capsys, monkeypatch, name
 def test_gpu_index_paths_on_a_host_without_gpus_say_to_name_the_node(tmp_path):
     """exec --local-rank and --device on a GPU-less host: one line naming
     --node, exit 2; --node works there."""
-    from cpupin.hosts import build_tree
+    from cpupin.host.shapes import build_tree
 
     root = build_tree(replace(HOSTS["dgx-h100"], gpus=()), tmp_path)
     for args, env in ((["--device", "0"], {}), (["--local-rank"], {"LOCAL_RANK": "0"})):
@@ -659,8 +660,8 @@ def test_the_docs_torchrun_line_for_a_host_without_gpus_runs_as_written(tmp_path
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     ranks = sorted(json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
-    from cpupin.process import process_cpus
-    from cpupin.topology import read_host
+    from cpupin.host.topology import read_host
+    from cpupin.process.mask import process_cpus
 
     node0 = sorted(read_host("/").nodes[0].cpus & process_cpus())
     assert [r[0] for r in ranks] == ["0", "1"]
@@ -670,7 +671,7 @@ def test_the_docs_torchrun_line_for_a_host_without_gpus_runs_as_written(tmp_path
 def test_exec_without_a_target_suggests_one_that_works_on_this_host(capsys):
     assert main(["exec", "--", "true"]) == 2
     err = capsys.readouterr().err
-    from cpupin.topology import read_host
+    from cpupin.host.topology import read_host
 
     if read_host("/").gpus:
         assert "cpupin exec --local-rank" in err

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpupin import PlanError
-from cpupin.binding import decide_binding, parse_cpus
-from cpupin.hosts import HOSTS, build_tree, host_named
-from cpupin.topology import Gpu, read_host
+from cpupin.host.shapes import HOSTS, build_tree, host_named
+from cpupin.host.topology import Gpu, read_host
+from cpupin.plan.binding import decide_binding, parse_cpus
 
 from . import torch_reference as ref
 from .specs import spec_host
@@ -51,7 +51,7 @@ def machine_of(spec):
 
 
 def host_named_key(address):
-    from cpupin.topology import parse_pci_address, pci_sort_key
+    from cpupin.host.topology import parse_pci_address, pci_sort_key
 
     return pci_sort_key(parse_pci_address(address))
 

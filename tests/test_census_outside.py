@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpupin._record import MAX_POOL_TIDS
-from cpupin._registry_read import _pools
-from cpupin.pool_census import census, pool_name
+from cpupin.pools.census import census, pool_name
+from cpupin.registry._record import MAX_POOL_TIDS
+from cpupin.registry.reader import _pools
 
 from .helpers import ready_child, run
 

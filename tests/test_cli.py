@@ -461,7 +461,7 @@ def test_top_tells_a_registered_pin_from_an_interloper(tmp_path, capsys, two_cpu
 
 
 def test_advice_never_names_a_lower_cpu_when_there_is_none():
-    from cpupin.hosts import host_named
+    from cpupin.host.shapes import host_named
 
     host = host_named("h100-vm")
     cpus = sorted(host.cpus)[:6]

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cpupin.cli import main
-from cpupin.hosts import HOSTS
+from cpupin.host.shapes import HOSTS
 
 JUNK = st.sampled_from(
     [

@@ -38,7 +38,7 @@ def test_the_public_api_is_exported():
 
 
 def test_only_native_imports_the_compiled_module():
-    for path in (ROOT / "cpupin").glob("*.py"):
+    for path in (ROOT / "cpupin").rglob("*.py"):
         if path.name != "_native.py":
             assert "_cpupin" not in path.read_text(), path
 
@@ -75,9 +75,9 @@ def run_variant(tmp_path, script, **options):
     """Compile the extension with ``make_ffi(**options)`` beside a copy of the
     package under tmp_path, and run ``script`` against it."""
     package = tmp_path / "cpupin"
-    package.mkdir()
-    for path in (ROOT / "cpupin").glob("*.py"):
-        shutil.copy(path, package)
+    shutil.copytree(
+        ROOT / "cpupin", package, ignore=shutil.ignore_patterns("*.so", "__pycache__", "*.c")
+    )
     load_build().make_ffi(**options).compile(tmpdir=str(tmp_path))
     out = subprocess.run(
         [sys.executable, "-c", script],
@@ -180,15 +180,15 @@ def test_no_module_imports_one_that_imports_it_back():
         return seen
 
     assert {name for name in graph if name in reach(name)} == set()
-    assert "cpupin.cgroup" not in graph["cpupin.cgroup"] and graph["cpupin.cli.topo"]
+    assert "cpupin.host.cgroup" not in graph["cpupin.host.cgroup"] and graph["cpupin.cli.topo"]
 
 
 LIGHT_IMPORT = """
 import sys
 import cpupin
 heavy = ["logging", "concurrent.futures", "dataclasses", "argparse",
-         "cpupin.topology", "cpupin._registry_read", "cpupin.cli", "cpupin.sampling",
-         "cpupin.hosts", "cpupin.binding", "cpupin.server"]
+         "cpupin.host.topology", "cpupin.registry.reader", "cpupin.cli", "cpupin.measure.sampling",
+         "cpupin.host.shapes", "cpupin.plan.binding", "cpupin.act.server"]
 print(sorted(m for m in heavy if m in sys.modules))
 from cpupin.cli import build_parser
 build_parser("exec")

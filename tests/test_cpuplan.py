@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpupin.cpuplan import POOLS, CpuPlan
-from cpupin.hosts import host_named
-from cpupin.topology import Quota
+from cpupin.host.shapes import host_named
+from cpupin.host.topology import Quota
+from cpupin.plan.cpuplan import POOLS, CpuPlan
 
 
 def quota(cpus_times_100):

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cpupin
-from cpupin.guard import AFFINITY_VARS, likely_cause
+from cpupin.threads.guard import AFFINITY_VARS, likely_cause
 
 from .helpers import ready_child, run
 
@@ -74,7 +74,7 @@ drifts = cpupin.check_pins(reapply=True)
 print(json.dumps([[d.tid, sorted(d.pinned), sorted(d.now), d.cause, d.reapplied] for d in drifts]),
       flush=True)
 sys.stdin.readline()
-print(json.dumps({"again": len(cpupin.check_pins()), "total": cpupin.guard.drift_total()}),
+print(json.dumps({"again": len(cpupin.check_pins()), "total": cpupin.threads.guard.drift_total()}),
       flush=True)
 sys.stdin.readline()
 done.set()

@@ -12,7 +12,9 @@ import uuid
 import pytest
 
 import cpupin
-from cpupin import _native, sampling, threads
+from cpupin import _native
+from cpupin.measure import sampling
+from cpupin.threads import thread as threads
 
 from .helpers import run_python, sleeper_on
 

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cpupin import _sysfs
 from cpupin.cli import main
 from cpupin.cpulist import parse_cpulist
-from cpupin.hosts import GpuSpec, HostSpec, build_tree
-from cpupin.topology import read_host
+from cpupin.host import _sysfs
+from cpupin.host.shapes import GpuSpec, HostSpec, build_tree
+from cpupin.host.topology import read_host
 
 from .helpers import in_forked_child
 from .specs import spec_host

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpupin import irq_steer
-from cpupin._sysfs import Reader
+from cpupin.act import irq_steer
+from cpupin.act.irq_steer import MOVES_FILE, apply_moves, plan_moves
 from cpupin.cpulist import parse_cpulist
-from cpupin.irq_steer import MOVES_FILE, apply_moves, plan_moves
-from cpupin.irqs import IrqOnPin
+from cpupin.host._sysfs import Reader
+from cpupin.host.irqs import IrqOnPin
 
 from .helpers import run
 

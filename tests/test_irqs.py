@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpupin import irqs
 from cpupin.cli import main
-from cpupin.hosts import HOSTS, build_tree
-from cpupin.irqs import classify, irqbalance_advice, parse_interrupts, read_irqs
+from cpupin.host import irqs
+from cpupin.host.irqs import classify, irqbalance_advice, parse_interrupts, read_irqs
+from cpupin.host.shapes import HOSTS, build_tree
 
 from .helpers import run
 

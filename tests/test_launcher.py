@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpupin.cli import main
-from cpupin.hosts import HOSTS, build_tree
-from cpupin.launcher import explain_cpus, launcher_of, qos_class
-from cpupin.topology import read_host
+from cpupin.host.launcher import explain_cpus, launcher_of, qos_class
+from cpupin.host.shapes import HOSTS, build_tree
+from cpupin.host.topology import read_host
 
 from .helpers import run
 
@@ -148,7 +148,7 @@ def test_plan_on_a_host_without_gpus_suggests_a_command_that_works(tmp_path, cor
 def test_a_binding_whose_gpu_node_the_mask_misses_says_what_to_ask_the_launcher_for(tmp_path):
     """What a real cpupin exec prints (the binding's reason) carries the same
     advice as the doctor's warning."""
-    from cpupin.binding import decide_binding
+    from cpupin.plan.binding import decide_binding
 
     host = host_of(tmp_path)
     got = decide_binding(host, frozenset(range(8)), device=host.gpus[4].address)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cpupin import claim_gpus
-from cpupin.lock import lock_path
+from cpupin.registry.lock import lock_path
 
 GPU = "0000:3b:00.0"
 OTHER = "0000:5d:00.0"

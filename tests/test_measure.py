@@ -11,11 +11,11 @@ import pytest
 
 import cpupin
 from cpupin.cli import main
-from cpupin.doctor import IDLE_PENALTY_NS, IDLE_STATE_US, diagnose
-from cpupin.handoff import handoff, handoff_python, pair_kinds
-from cpupin.hosts import HOSTS, host_named
-from cpupin.sampling import sample_threads
-from cpupin.topology import read_host
+from cpupin.host.shapes import HOSTS, host_named
+from cpupin.host.topology import read_host
+from cpupin.measure.doctor import IDLE_PENALTY_NS, IDLE_STATE_US, diagnose
+from cpupin.measure.handoff import handoff, handoff_python, pair_kinds
+from cpupin.measure.sampling import sample_threads
 
 two_cpus = pytest.mark.skipif(len(cpupin.process_cpus()) < 2, reason="needs two CPUs")
 
@@ -156,7 +156,7 @@ def test_pair_kinds_split_other_core_by_last_level_cache_on_the_epyc():
 def test_the_doctor_compares_handoffs_within_and_across_l3():
     host = host_named("amd-8gpu")
     fake = {
-        k: cpupin.handoff.HandoffResult((0, 1), "futex", i, 100, m, m, m, m, m)
+        k: cpupin.measure.handoff.HandoffResult((0, 1), "futex", i, 100, m, m, m, m, m)
         for k, i, m in [
             ("same CPU busy", 0, 4_000),
             ("same L3 busy", 0, 5_000),
@@ -228,7 +228,7 @@ def fake_handoffs(rows):
     """HandoffResults by pair kind from (kind, idle_us, median_ns, wake_ns)
     rows, for the doctor's pure verdict (every quantile the median)."""
     return {
-        k: cpupin.handoff.HandoffResult((0, 1), "futex", i, 100, m, m, m, w, w)
+        k: cpupin.measure.handoff.HandoffResult((0, 1), "futex", i, 100, m, m, m, w, w)
         for k, i, m, w in rows
     }
 
@@ -244,7 +244,7 @@ def test_the_doctor_from_numbers_alone():
     )
     d = diagnose(host, fake)
     assert d.verdict == "auto" and "140 µs" in d.why and "C6 at 170 µs" in d.why
-    fake["other core idle"] = cpupin.handoff.HandoffResult(
+    fake["other core idle"] = cpupin.measure.handoff.HandoffResult(
         (0, 1), "futex", 200, 100, 20_000, 1, 1, 22_000, 1
     )
     assert diagnose(host, fake).verdict == "off"
@@ -275,7 +275,7 @@ def test_the_doctor_keeps_the_quietest_of_its_repeats_and_says_when_they_disagre
     """Right after an install the first handoff can be 700 µs and the next
     5 µs: the doctor measures each pair three times, keeps the lowest, and
     names a pair whose runs disagree by more than twice."""
-    from cpupin import doctor
+    from cpupin.measure import doctor
 
     calls = []
 
@@ -283,7 +283,7 @@ def test_the_doctor_keeps_the_quietest_of_its_repeats_and_says_when_they_disagre
         key = (tuple(cpus), idle_us)  # each pair's runs go through the medians in turn
         m = medians[calls.count(key) % len(medians)]
         calls.append(key)
-        return cpupin.handoff.HandoffResult(tuple(cpus), "futex", idle_us, rounds, m, m, m)
+        return cpupin.measure.handoff.HandoffResult(tuple(cpus), "futex", idle_us, rounds, m, m, m)
 
     monkeypatch.setattr(doctor, "handoff", fake_handoff)
     noise = []

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cpupin
-from cpupin.numa_memory import MAX_LINES, NodeMemory, memory_by_node, parse_numa_maps
+from cpupin.host.numa_memory import MAX_LINES, NodeMemory, memory_by_node, parse_numa_maps
 
 from .helpers import ready_child, run
 
@@ -134,7 +134,7 @@ def test_prometheus_exports_memory_only_when_asked(tmp_path):
     prometheus_client = pytest.importorskip(
         "prometheus_client", reason="pip install prometheus_client"
     )
-    from cpupin.metrics import ThreadCollector
+    from cpupin.measure.metrics import ThreadCollector
 
     def families(**kw):
         registry = prometheus_client.CollectorRegistry(auto_describe=False)

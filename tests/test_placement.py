@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpupin import PlanError, parse_cpulist, parse_setting, place, setting_from_env
-from cpupin.hosts import HOSTS, host_named
+from cpupin.host.shapes import HOSTS, host_named
 
 from .specs import spec_host
 from .strategies import host_specs, masks
@@ -393,8 +393,8 @@ def test_a_host_of_one_class_places_as_one_without_figures():
     highest_perf 38 places exactly as the B300 without figures."""
     from dataclasses import replace
 
-    from cpupin.hosts import HOSTS, build_tree
-    from cpupin.topology import read_host
+    from cpupin.host.shapes import HOSTS, build_tree
+    from cpupin.host.topology import read_host
 
     spec = replace(HOSTS["xeon6-b300"], perf=(("highest_perf", 38), ("nominal_perf", 20)))
     import tempfile

@@ -23,13 +23,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cpupin
-from cpupin.cpuplan import CpuPlan
-from cpupin.hosts import HOSTS, build_tree, host_named
-from cpupin.pool_census import FITS, FROM_HOST, OVERSUBSCRIBED, pool_name, verdict
-from cpupin.pools import POOL_VARS, cpu_plan, environment_advice, pool_env
-from cpupin.sampling import Sampler
-from cpupin.stepclock import BUCKETS_S
-from cpupin.throttle import ThrottleProbe, parse_cpu_stat, parse_pressure
+from cpupin.host.shapes import HOSTS, build_tree, host_named
+from cpupin.host.throttle import ThrottleProbe, parse_cpu_stat, parse_pressure
+from cpupin.measure.sampling import Sampler
+from cpupin.measure.stepclock import BUCKETS_S
+from cpupin.plan.cpuplan import CpuPlan
+from cpupin.pools.census import FITS, FROM_HOST, OVERSUBSCRIBED, pool_name, verdict
+from cpupin.pools.limits import POOL_VARS, cpu_plan, environment_advice, pool_env
 
 from .helpers import proc_schedstat, run
 
@@ -184,7 +184,7 @@ LIMIT_IN_PROCESS = """
 import json, os, sys
 import numpy, torch, threadpoolctl
 import cpupin
-from cpupin.cpuplan import CpuPlan
+from cpupin.plan.cpuplan import CpuPlan
 if sys.argv[1] == "interop-started":
     torch.set_num_interop_threads(2)
 torch.ones(64, 64) @ torch.ones(64, 64)
@@ -193,7 +193,7 @@ print(json.dumps({
     "torch": torch.get_num_threads(),
     "interop": torch.get_num_interop_threads(),
     "libs": {i["internal_api"]: i["num_threads"] for i in threadpoolctl.threadpool_info()},
-    "env": {k: os.environ.get(k) for k in cpupin.pools.POOL_VARS},
+    "env": {k: os.environ.get(k) for k in cpupin.pools.limits.POOL_VARS},
     "set": limits.set, "kept": limits.kept,
 }))
 """
@@ -408,7 +408,7 @@ def scrape(pid=None):
     import prometheus_client
     from prometheus_client.parser import text_string_to_metric_families
 
-    from cpupin.metrics import ThreadCollector
+    from cpupin.measure.metrics import ThreadCollector
 
     registry = prometheus_client.CollectorRegistry(auto_describe=False)
     registry.register(ThreadCollector(pid))
@@ -845,7 +845,7 @@ def test_the_example_runtime_times_its_steps_with_pools_capped_or_left(tmp_path,
 
 TORCH_PER_THREAD = r"""
 import json, os, threading, time, torch, cpupin
-from cpupin.pool_census import census
+from cpupin.pools.census import census
 
 torch.set_num_threads(3)
 torch.get_num_threads()  # the main thread's own count is now 3 (torch reads it lazily)

@@ -1,7 +1,7 @@
 """The README's promises, and those of the pages it sends readers to in
-docs/: each page's Python blocks run as written, as one program in the order
-they stand, and every console sample is what its command prints now
-(numbers aside: they are measured)."""
+docs/: each Python block runs as written, on its own, as a reader copies it
+(nothing it uses comes from an earlier block), and every console sample is
+what its command prints now (numbers aside: they are measured)."""
 
 import os
 import re
@@ -59,14 +59,21 @@ def test_every_page_the_readme_names_exists_and_every_page_is_named():
             assert where is None or where.exists() or (ROOT / "docs" / target).exists(), target
 
 
-@pytest.mark.parametrize("page", sorted(PROGRAMS))
-def test_every_python_block_runs_as_written(page, tmp_path):
-    blocks = PROGRAMS[page]
-    program = tmp_path / "page_program.py"
-    program.write_text("\n\n".join(blocks))
+#: Each block, named by its page and the line it opens on.
+BLOCKS = {
+    f"{name}:{text[: m.start()].count(chr(10)) + 1}": m.group(1)
+    for name, text in PAGES.items()
+    for m in BLOCK.finditer(text)
+}
+
+
+def run_block(block, tmp_path):
+    """``block`` run alone as a program, as a reader who copied it would."""
+    program = tmp_path / "block.py"
+    program.write_text(block)
     env = {**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}
     env.pop("CPUPIN_STEP_THREAD_CORE", None)
-    out = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(program)],
         cwd=tmp_path,
         capture_output=True,
@@ -75,8 +82,14 @@ def test_every_python_block_runs_as_written(page, tmp_path):
         check=False,
         env=env,
     )
+
+
+@pytest.mark.parametrize("where", sorted(BLOCKS))
+def test_every_python_block_runs_alone_as_written(where, tmp_path):
+    block = BLOCKS[where]
+    out = run_block(block, tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    if page != "docs/pinning.md":
+    if "def serve(" not in block:
         return
     # The tour's server pinned its worker and its result thread on this host,
     # unless the mask has one CPU: then it says nothing was pinned, and why.
@@ -86,8 +99,15 @@ def test_every_python_block_runs_as_written(page, tmp_path):
         assert "nothing pinned: " in out.stdout, out.stdout
 
 
+def test_a_block_that_leans_on_an_earlier_one_fails_alone(tmp_path):
+    """The check can fail: a block that uses a name an earlier block
+    imported (the README's fault before each block had its own import)."""
+    out = run_block("limits = cpupin.limit_pools()\n", tmp_path)
+    assert out.returncode != 0 and "NameError" in out.stderr
+
+
 def test_the_readme_and_the_tour_have_programs():
-    assert len(PYTHON_BLOCKS) >= 4 and len(PROGRAMS["docs/pinning.md"]) >= 3
+    assert len(PYTHON_BLOCKS) >= 4 and len(PROGRAMS["docs/pinning.md"]) >= 2
 
 
 def masked(text):

@@ -14,9 +14,9 @@ import time
 import pytest
 
 import cpupin
-from cpupin import registry
 from cpupin.cli import main
-from cpupin.hosts import HOSTS, build_tree, host_named
+from cpupin.host.shapes import HOSTS, build_tree, host_named
+from cpupin.registry import writer as registry
 
 from .helpers import ready_child
 from .test_json import SECTIONS, same_shape
@@ -36,7 +36,7 @@ def serve_here(lock_dir):
     record = {
         "version": 1,
         "pid": os.getpid(),
-        "start_time": cpupin.process.start_time(os.getpid()),
+        "start_time": cpupin.process.mask.start_time(os.getpid()),
         "uid": os.geteuid(),
         "time": 1.0,
         "setting": "auto",
@@ -143,7 +143,7 @@ def test_a_killed_holder_is_stale_and_a_second_server_names_the_holders_pid(b300
 
 def test_a_record_whose_pid_now_names_another_process_is_stale(lock_dir):
     pid = os.getpid()
-    started = cpupin.process.start_time(pid)
+    started = cpupin.process.mask.start_time(pid)
     record = {
         "version": 1,
         "pid": pid,
@@ -210,7 +210,7 @@ def sleepers():
     children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
     children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
     try:
-        yield [(c.pid, cpupin.process.start_time(c.pid)) for c in children]
+        yield [(c.pid, cpupin.process.mask.start_time(c.pid)) for c in children]
     finally:
         for c in children:
             c.kill()
@@ -291,7 +291,7 @@ def test_ps_json_has_the_documented_shape_with_live_records(lock_dir, sleepers, 
 
 WRITER = """
 import os, sys, time
-from cpupin import registry
+from cpupin.registry import writer as registry
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 records = [
     {"version": 1, "n": n, "fill": "x" * (n * 37 % 3000)} for n in range(50)
@@ -364,7 +364,7 @@ def test_the_collector_parses_and_its_counters_only_grow():
     prometheus_client = pytest.importorskip("prometheus_client")
     from prometheus_client.parser import text_string_to_metric_families
 
-    from cpupin.metrics import ThreadCollector
+    from cpupin.measure.metrics import ThreadCollector
 
     collectors = prometheus_client.CollectorRegistry()
     collectors.register(ThreadCollector())
@@ -480,8 +480,8 @@ def test_a_read_torn_inside_the_checksum_line_is_read_again(monkeypatch):
     """A pwrite racing a read can tear a record at any byte, inside its
     checksum line too: that read is no 'foreign file', it is read again. A
     file that reads the same twice and does not decode is refused then."""
-    from cpupin import _registry_read
-    from cpupin._record import VERSION, frame
+    from cpupin.registry import reader as _registry_read
+    from cpupin.registry._record import VERSION, frame
 
     good = frame(json.dumps({"version": VERSION, "pid": 1}).encode(), 4096)
     torn = good[: len(good) // 2] + b"2=0badf00d\n"  # a new head, an old tail

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import cpupin
-from cpupin.hosts import GpuSpec, HostSpec, build_tree
+from cpupin.host.shapes import GpuSpec, HostSpec, build_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = [sys.executable, str(ROOT / "examples" / "runtime.py")]

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpupin import PlanError, child_env, plan_server, resolve_devices
-from cpupin.hosts import HOSTS, build_tree, host_named
-from cpupin.server import parse_visible_devices
+from cpupin.act.server import parse_visible_devices
+from cpupin.host.shapes import HOSTS, build_tree, host_named
 
 GPU7 = "0000:fa:00.0"  # the second GPU of node 3 on xeon6-b300
 MASK = set(range(96, 104)) | set(range(224, 232))
@@ -208,9 +208,9 @@ def test_an_integrated_gpu_is_not_a_cuda_device(tmp_path):
     NVIDIA GPU, on node 1."""
     import dataclasses
 
-    from cpupin.binding import gpu_node
-    from cpupin.hosts import HOSTS, build_tree
-    from cpupin.topology import read_host
+    from cpupin.host.shapes import HOSTS, build_tree
+    from cpupin.host.topology import read_host
+    from cpupin.plan.binding import gpu_node
 
     spec = HOSTS["dgx-h100"]
     igpu = dataclasses.replace(spec.gpus[0], address="0000:00:02.0", vendor=0x8086)

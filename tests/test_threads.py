@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cpupin
-from cpupin import threads as cpupin_threads
+from cpupin.threads import thread as cpupin_threads
 
 from .helpers import proc_comm
 

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpupin import process_cpus
-from cpupin.cgroup import parse_cpu_max
-from cpupin.hosts import HOSTS, build_tree, host_named
-from cpupin.topology import parse_pci_address, pci_sort_key, read_host
+from cpupin.host.cgroup import parse_cpu_max
+from cpupin.host.shapes import HOSTS, build_tree, host_named
+from cpupin.host.topology import parse_pci_address, pci_sort_key, read_host
 
 from .specs import spec_cores, spec_host
 from .strategies import host_specs

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cpupin.hosts import HOSTS, build_tree
-from cpupin.topology import read_host
+from cpupin.host.shapes import HOSTS, build_tree
+from cpupin.host.topology import read_host
 
 from .hwloc_oracle import (
     caches_from_console,

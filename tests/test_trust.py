@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cpupin
-from cpupin import registry
 from cpupin.cli import main
+from cpupin.registry import writer as registry
 
 from .helpers import in_forked_child, run
 
@@ -41,7 +41,7 @@ def lock_dir(monkeypatch):
 def me():
     """This process's pid and start time: the name its record takes."""
     pid = os.getpid()
-    return pid, cpupin.process.start_time(pid)
+    return pid, cpupin.process.mask.start_time(pid)
 
 
 def strict_json(text):
@@ -204,7 +204,7 @@ def test_a_server_record_counts_only_from_the_locks_holder(lock_dir):
     mask = sorted(cpupin.process_cpus())
     other = os.getppid()
     record = {
-        "version": 1, "pid": other, "start_time": cpupin.process.start_time(other),
+        "version": 1, "pid": other, "start_time": cpupin.process.mask.start_time(other),
         "uid": os.geteuid(), "time": 1.0, "setting": "auto", "devices": [gpu],
         "workers": [], "result_cpu": None, "process_mask": mask,
     }  # fmt: skip
@@ -305,7 +305,7 @@ def test_a_squatted_record_name_is_passed_over(lock_dir, squat):
             os.setgid(12345)
             os.setuid(12345)
             os.read(go_read, 1)
-            started = cpupin.process.start_time(os.getpid())
+            started = cpupin.process.mask.start_time(os.getpid())
             pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="step")
             second = lock_dir / f"cpupin-proc-{os.getpid()}-{started}-1.json"
             found = registry.read_registry().pins_of(os.getpid())
@@ -314,7 +314,7 @@ def test_a_squatted_record_name_is_passed_over(lock_dir, squat):
             ok = ok and second.is_file() and registry.read_registry().pins_of(os.getpid()) == []
         finally:
             os._exit(0 if ok else 1)
-    name = lock_dir / f"cpupin-proc-{pid}-{cpupin.process.start_time(pid)}.json"
+    name = lock_dir / f"cpupin-proc-{pid}-{cpupin.process.mask.start_time(pid)}.json"
 
     def plant():
         if squat == "directory":
@@ -338,7 +338,7 @@ def test_a_squatted_record_name_is_passed_over(lock_dir, squat):
 
 FULL_DISK = """
 import os, resource, sys, threading, cpupin
-from cpupin import registry
+from cpupin.registry import writer as registry
 pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="first")
 size = max(os.path.getsize(os.path.join(sys.argv[1], n)) for n in os.listdir(sys.argv[1]))
 if sys.argv[2] == "grow":  # a record that outgrows its slot, on a nearly full disk
@@ -387,7 +387,7 @@ def test_a_short_write_keeps_the_good_record(lock_dir, how):
 
 RELATIVE = """
 import os, sys, cpupin
-from cpupin import registry
+from cpupin.registry import writer as registry
 os.chdir("/")
 pin = cpupin.pin_current_thread(cpupin.process_cpus())
 print(registry.lock_dir(), len(os.listdir(sys.argv[1])))
@@ -506,7 +506,7 @@ end = time.monotonic() + 2
 while time.monotonic() < end:
     cpupin.pin_current_thread(cpus).release()
 signal.setitimer(signal.ITIMER_REAL, 0, 0)
-from cpupin import registry
+from cpupin.registry import writer as registry
 print(calls, len(registry.read_registry().pins_of(__import__("os").getpid())))
 """
 
@@ -588,7 +588,7 @@ def test_bind_process_moves_threads_started_while_it_runs():
 
 C_THREAD = """
 import _thread, os, threading, time, cpupin
-from cpupin import registry
+from cpupin.registry import writer as registry
 done = threading.Event()
 def raw():
     cpupin.pin_current_thread(cpupin.process_cpus(), role="from-c")
@@ -621,7 +621,7 @@ def test_exec_starts_the_command_with_default_signal_dispositions():
 
 
 def test_plan_device_follows_cuda_visible_devices(capsys, monkeypatch):
-    from cpupin.hosts import host_named
+    from cpupin.host.shapes import host_named
 
     host = host_named("dgx-h100")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
@@ -683,7 +683,7 @@ def test_top_of_a_pid_that_exits_mid_sampling_says_it_exited(capsys):
 
 
 def test_exec_says_when_cpus_and_memory_are_on_different_nodes(capsys):
-    from cpupin.hosts import host_named
+    from cpupin.host.shapes import host_named
 
     host = host_named("dgx-h100")
     gpu = next(g for g in host.gpus if g.node == 1)

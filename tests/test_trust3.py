@@ -18,11 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cpupin
-from cpupin import _native, registry
-from cpupin._record import MAX_SIZE, SLOT, compact, decode, fit
-from cpupin._registry_read import _cpus
-from cpupin.cpuplan import CpuPlan
-from cpupin.pools import environment_advice, omp_num_threads, pool_env, pool_threads
+from cpupin import _native
+from cpupin.plan.cpuplan import CpuPlan
+from cpupin.pools.limits import environment_advice, omp_num_threads, pool_env, pool_threads
+from cpupin.registry import writer as registry
+from cpupin.registry._record import MAX_SIZE, SLOT, compact, decode, fit
+from cpupin.registry.reader import _cpus
 
 from .helpers import in_forked_child, ready_child, run
 from .test_pools import in_cgroup, quota_cgroup
@@ -49,7 +50,8 @@ def lock_dir(monkeypatch):
 CLOSED_UNDER = r"""
 import json, os, sys, threading
 import cpupin
-from cpupin import _native, registry
+from cpupin import _native
+from cpupin.registry import writer as registry
 holder, spare = sys.argv[1], int(sys.argv[2])
 lock_dir = os.environ["CPUPIN_LOCK_DIR"]
 def open_fds():
@@ -208,7 +210,7 @@ def test_a_plan_on_a_host_of_a_thousand_cpus_writes_its_record(lock_dir):
     """plan_server on a mask of 1,000+ CPUs: the record (4.6 KiB as lists)
     is written as ranges, the plan stands and the lock is held, never an
     exception after the lock was taken."""
-    from cpupin.lock import Claim, claim_gpus
+    from cpupin.registry.lock import Claim, claim_gpus
 
     claim = claim_gpus(["0000:18:00.0"], lock_dir)
     try:
@@ -232,7 +234,7 @@ def test_a_plan_on_a_host_of_a_thousand_cpus_writes_its_record(lock_dir):
 MANY_PINS = r"""
 import json, os, sys, threading
 import cpupin
-from cpupin import registry
+from cpupin.registry import writer as registry
 n, name = int(sys.argv[1]), sys.argv[2]
 cpus = cpupin.process_cpus()
 gate = threading.Barrier(n + 1)
@@ -277,7 +279,7 @@ def test_a_process_with_many_long_named_pins_never_vanishes_from_ps(n, name, loc
 SQUATTED_TMP = r"""
 import json, os, sys
 import cpupin
-from cpupin import registry
+from cpupin.registry import writer as registry
 sys.stdin.readline()  # the squatter plants its names meanwhile
 pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="step")
 print(json.dumps([p.role for p in registry.read_registry().pins_of(os.getpid())]))
@@ -318,7 +320,7 @@ def test_the_temporary_name_cannot_be_squatted(squat, lock_dir):
 MOVED_UNDER = r"""
 import json, os, sys
 import cpupin
-from cpupin import registry
+from cpupin.registry import writer as registry
 first = cpupin.pin_current_thread(cpupin.process_cpus(), role="first")
 print("ready", flush=True)
 sys.stdin.readline()  # the record is moved, removed or its directory swapped
@@ -391,7 +393,7 @@ def test_clocks_of_one_name_export_apart(n):
     prometheus_client = pytest.importorskip(
         "prometheus_client", reason="the exporter is the prometheus extra"
     )
-    from cpupin.metrics import ThreadCollector
+    from cpupin.measure.metrics import ThreadCollector
 
     made = [cpupin.StepClock("decode") for _ in range(n)]
     try:
@@ -540,17 +542,21 @@ class Slow(importlib.abc.MetaPathFinder):
         return spec
 
 sys.meta_path.insert(0, Slow())
-name = {"sampling": "Sampler", "launcher": "explain_cpus", "irqs": "read_irqs"}[target]
+name = {"measure.sampling": "Sampler", "host.launcher": "explain_cpus", "host.irqs": "read_irqs"}[
+    target]
 if how == "signal":
     got = []
     signal.signal(signal.SIGUSR1, lambda *_: got.append(getattr(cpupin, name).__name__))
     getattr(cpupin, name)
+    if not entered.is_set():
+        sys.exit(f"the import of cpupin.{target} never began")
     time.sleep(0.05)  # a handler held back runs at the next check
     print("handler saw", got)
 else:
     importer = threading.Thread(target=lambda: getattr(cpupin, name))
     importer.start()
-    entered.wait(30)
+    if not entered.wait(30):
+        sys.exit(f"the import of cpupin.{target} never began")
     threading.Timer(0.2, go_on.set).start()  # the import finishes in its own time
     pid = os.fork()
     if pid == 0:
@@ -563,18 +569,26 @@ else:
 """
 
 
-@pytest.mark.parametrize("target", ["sampling", "launcher", "irqs"])
+#: Each module the tests import slowly, and the public name that loads it.
+LAZY_NAMES = {
+    "measure.sampling": "Sampler",
+    "host.launcher": "explain_cpus",
+    "host.irqs": "read_irqs",
+}
+
+
+@pytest.mark.parametrize("target", sorted(LAZY_NAMES))
 def test_a_child_forked_during_a_lazy_import_gets_a_working_name(target):
     out = run([sys.executable, "-c", SLOW_IMPORT, target, "fork"], timeout=90)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "child exit 0", out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("target", ["sampling", "launcher", "irqs"])
+@pytest.mark.parametrize("target", sorted(LAZY_NAMES))
 def test_a_signal_handler_during_a_lazy_import_gets_a_working_name(target):
     out = run([sys.executable, "-c", SLOW_IMPORT, target, "signal"], timeout=90)
     assert out.returncode == 0, out.stderr
-    name = {"sampling": "Sampler", "launcher": "explain_cpus", "irqs": "read_irqs"}[target]
+    name = LAZY_NAMES[target]
     assert out.stdout.strip() == f"handler saw ['{name}']", out.stdout + out.stderr
 
 
@@ -734,7 +748,7 @@ def test_a_pool_variable_that_oversubscribes_is_named_with_what_the_runtime_make
     """With one usable CPU (a quota) in a mask of two, each of these gives
     libgomp a team larger than the usable CPUs: the doctor's advice and
     ``pool_env`` (what ``exec`` warns of) say so."""
-    from cpupin.cgroup import Quota
+    from cpupin.host.cgroup import Quota
 
     plan = CpuPlan(frozenset({0, 1}), quota=Quota(100_000, 100_000, "cpu.max"))
     assert plan.usable_cpus == 1
@@ -805,7 +819,7 @@ def test_a_huge_proc_interrupts_is_read_to_a_bound_and_says_so(rows):
     """Millions of IRQ rows (a capture within the read limit): at most
     MAX_IRQS are kept (each would cost its affinity files), and a reason
     says where reading stopped."""
-    from cpupin.irqs import MAX_IRQS, parse_interrupts
+    from cpupin.host.irqs import MAX_IRQS, parse_interrupts
 
     text = "           CPU0       CPU1\n" + "".join(
         f"{i}: 1 2 IR-PCI-MSI eth0-rx-{i}\n" for i in range(rows)
@@ -834,7 +848,7 @@ def test_core_classes_group_every_core_once_whatever_their_number(perfs):
     """The classes of any number of cores and of distinct speeds: each core
     in exactly one class, the counts add up, and each class's value is the
     highest of its cores (the oracle: grouping by the cores' own ranks)."""
-    from cpupin.topology import Core, _classes
+    from cpupin.host.topology import Core, _classes
 
     cores = tuple(Core((i,)) for i in range(len(perfs)))
     table = {}
@@ -904,7 +918,7 @@ def test_ps_flags_only_the_thread_narrowed_onto_a_pinned_cpu(two_cpus, lock_dir)
 
 @pytest.mark.parametrize("python", [(3, 10), (3, 11), (3, 12), (3, 13), (3, 14)])
 def test_the_doctor_advises_python_cpu_count_only_where_python_reads_it(python):
-    from cpupin.cgroup import Quota
+    from cpupin.host.cgroup import Quota
 
     plan = CpuPlan(frozenset({0, 1}), quota=Quota(100_000, 100_000, "cpu.max"))
     lines, advice = environment_advice(plan, 2, {}, python=python)
@@ -924,7 +938,7 @@ def test_plan_off_on_a_host_without_a_gpu_is_not_an_error(setting, capsys, tmp_p
     import dataclasses
 
     from cpupin.cli import main
-    from cpupin.hosts import HOSTS, build_tree
+    from cpupin.host.shapes import HOSTS, build_tree
 
     root = build_tree(dataclasses.replace(HOSTS["h100-vm"], gpus=()), tmp_path / "t")
     rc = main(["plan", "--root", str(root), "--setting", setting])
@@ -1006,7 +1020,7 @@ def test_exec_leaves_no_record_behind(how, lock_dir):
 def test_a_pool_that_does_not_fit_says_what_to_do_and_one_that_fits_says_nothing(
     name, threads, usable, stray
 ):
-    from cpupin.pool_census import Pool, verdict
+    from cpupin.pools.census import Pool, verdict
 
     v = verdict(threads, usable, {64, 68})
     pool = Pool(name, threads, usable, v, "threads", (), min(stray, threads))
@@ -1047,7 +1061,7 @@ def test_threads_prints_a_remedy_under_a_pool_sized_from_the_host(capsys):
     import concurrent.futures as cf
 
     from cpupin.cli._pools import pool_lines
-    from cpupin.pool_census import census
+    from cpupin.pools.census import census
 
     with cf.ThreadPoolExecutor() as pool:
         gate = threading.Barrier(pool._max_workers + 1)

@@ -14,10 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpupin import _native, registry, vllm_plugin
-from cpupin.pools import ENV_POOL_VARS
-from cpupin.stepclock import BUCKETS_S
-from cpupin.vllm_plugin import (
+from cpupin import _native
+from cpupin.integrations.vllm import wiring as vllm_plugin
+from cpupin.integrations.vllm.decisions import (
     ENV_MODE,
     MODES,
     ROLES,
@@ -27,6 +26,9 @@ from cpupin.vllm_plugin import (
     role_of,
     threads_to_move,
 )
+from cpupin.measure.stepclock import BUCKETS_S
+from cpupin.pools.limits import ENV_POOL_VARS
+from cpupin.registry import writer as registry
 
 from .helpers import run
 
@@ -229,7 +231,7 @@ def test_cap_lists_under_a_one_cpu_quota_on_two_cpus_keeps_vllms_single_cpu():
 WRITE = """
 import json, os, sys
 import cpupin
-from cpupin import registry
+from cpupin.registry import writer as registry
 clock = cpupin.StepClock("execute_model")
 for _ in range(5):
     with clock.step():
@@ -344,7 +346,7 @@ BAD_VALUES = st.one_of(
 
 @given(BAD_FIELDS, BAD_VALUES)
 def test_a_record_with_a_bad_field_is_refused_with_a_reason_never_raises(field, value):
-    from cpupin._registry_read import _process
+    from cpupin.registry.reader import _process
 
     pid = os.getpid()
     started = registry.start_time(pid)
@@ -368,7 +370,7 @@ def test_a_record_with_a_bad_field_is_refused_with_a_reason_never_raises(field, 
 
 
 def test_our_pool_variables_are_dropped_where_vllm_sizes_the_pools(monkeypatch):
-    from cpupin import vllm_plugin
+    from cpupin.integrations.vllm import wiring as vllm_plugin
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("MKL_NUM_THREADS", "2")
@@ -383,7 +385,7 @@ def test_our_pool_variables_are_dropped_where_vllm_sizes_the_pools(monkeypatch):
 
 
 def test_the_users_pool_variables_are_never_dropped(monkeypatch):
-    from cpupin import vllm_plugin
+    from cpupin.integrations.vllm import wiring as vllm_plugin
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.delenv(ENV_POOL_VARS, raising=False)
@@ -403,7 +405,7 @@ def test_server_steps_collector_exports_its_descendants_records(tmp_path):
     pytest.importorskip("prometheus_client", reason="pip install prometheus_client")
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from cpupin.metrics import ServerStepsCollector
+    from cpupin.measure.metrics import ServerStepsCollector
 
     # another server's process: started through a shell that exits, so that
     # it is no descendant of this one
@@ -454,7 +456,7 @@ def test_the_plugin_never_raises_into_vllm(monkeypatch):
         import multiprocessing, sys
         multiprocessing.current_process().name = "VllmWorker-0"
         sys.modules["vllm"] = None   # importing vllm fails
-        from cpupin import vllm_plugin
+        from cpupin.integrations import vllm as vllm_plugin
         vllm_plugin.register()
         vllm_plugin.register()       # loaded twice: once is done
         print("ran")
@@ -482,7 +484,7 @@ def test_exec_leaves_an_engine_bound_openmp_team_as_the_engine_sized_it():
 
     cpu = str(min(cpupin.process_cpus()))
     engine = ["env", f"GOMP_CPU_AFFINITY={cpu}", "OMP_NUM_THREADS=1", sys.executable, "-c", TEAM]
-    clean = {k: v for k, v in os.environ.items() if k not in cpupin.pools.POOL_VARS}
+    clean = {k: v for k, v in os.environ.items() if k not in cpupin.pools.limits.POOL_VARS}
     clean.pop(ENV_POOL_VARS, None)
     alone = run(engine, env=clean)
     through = run([*CPUPIN, "exec", "--node", "0", "--", *engine], env=clean)
@@ -509,7 +511,7 @@ def test_exec_leaves_an_engine_bound_openmp_team_as_the_engine_sized_it():
     ],
 )
 def test_an_environment_a_title_overwrote_is_never_read_as_no_variables(raw, env, note):
-    from cpupin.process import parse_environ
+    from cpupin.process.outside import parse_environ
 
     got, why = parse_environ(raw)
     if raw == b"":
@@ -520,7 +522,7 @@ def test_an_environment_a_title_overwrote_is_never_read_as_no_variables(raw, env
 
 @given(st.binary(max_size=400))
 def test_parse_environ_never_raises(raw):
-    from cpupin.process import parse_environ
+    from cpupin.process.outside import parse_environ
 
     env, why = parse_environ(raw)
     assert env is None or all("=" not in k for k in env)
@@ -664,7 +666,7 @@ def test_doctor_judges_another_process_and_says_what_crowds_its_bound_cpu(two_cp
 
 @given(st.integers(1, 300), st.integers(1, 300), st.integers(1, 300), st.integers(0, 300))
 def test_a_verdict_counts_the_threads_that_run(threads, usable, host, idle):
-    from cpupin.pool_census import FITS, FROM_HOST, verdict
+    from cpupin.pools.census import FITS, FROM_HOST, verdict
 
     idle = min(idle, threads)
     got = verdict(threads, usable, {host}, idle)
@@ -682,7 +684,7 @@ stop = threading.Event()
 for i in range(5):
     threading.Thread(target=stop.wait, name=f"reaper-{i}", daemon=True).start()
 import cpupin
-cpupin.registry.describe_process(role="test")
+cpupin.registry.writer.describe_process(role="test")
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -723,7 +725,7 @@ def test_ps_counts_a_sleeping_pool_as_idle_not_oversubscribed(tmp_path):
 
 
 def cpupin_host_sizes():
-    from cpupin.pool_census import _host_shape, host_sizes
+    from cpupin.pools.census import _host_shape, host_sizes
 
     return host_sizes(*_host_shape("/"))
 
@@ -756,7 +758,8 @@ class WorkerWrapperBase:
 FAKE_WORKER = """
 import json, multiprocessing, sys, time, types
 multiprocessing.current_process().name = "VllmWorker-0"
-from cpupin import registry, vllm_plugin
+from cpupin.integrations.vllm import wiring as vllm_plugin
+from cpupin.registry import writer as registry
 from vllm.v1.worker import worker_base
 vllm_plugin.register()
 wrapper = worker_base.WorkerWrapperBase()
@@ -804,14 +807,14 @@ def test_the_plugin_in_a_gpu_worker_binds_before_init_device_and_times_each_step
 
 
 def cpupin_read_host():
-    from cpupin.topology import read_host
+    from cpupin.host.topology import read_host
 
     return read_host("/")
 
 
 BIND_ON_TREE = """
 import json, sys
-from cpupin import vllm_plugin
+from cpupin.integrations.vllm import wiring as vllm_plugin
 vllm_plugin._state["role"] = "vllm-worker"
 vllm_plugin._bind_to_gpu(int(sys.argv[2]), "worker", root=sys.argv[1])
 print(json.dumps(vllm_plugin._notes))
@@ -823,7 +826,7 @@ def test_a_gpu_worker_is_bound_to_its_gpus_node_within_the_launchers_mask(device
     """On a DGX H100's tree: device 0 is on node 0, whose CPUs (0-55,
     112-167) hold this machine's; device 4 is on node 1, which holds none of
     them: the mask is kept, with what to ask the launcher for."""
-    from cpupin.hosts import HOSTS, build_tree
+    from cpupin.host.shapes import HOSTS, build_tree
 
     root = build_tree(HOSTS["dgx-h100"], tmp_path / "dgx")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "CPUPIN_REGISTRY": "0"}
@@ -840,8 +843,9 @@ def test_a_gpu_worker_is_bound_to_its_gpus_node_within_the_launchers_mask(device
 
 PIN_ON_TREE = """
 import json, os, sys
-from cpupin import registry, vllm_plugin
-from cpupin.threads import pinned_threads
+from cpupin.integrations.vllm import wiring as vllm_plugin
+from cpupin.registry import writer as registry
+from cpupin.threads.thread import pinned_threads
 vllm_plugin._state.update(role="vllm-worker", mode="auto")
 vllm_plugin._bind_to_gpu(0, "worker", root=sys.argv[1])
 vllm_plugin._pin_step_on_gpu(0, root=sys.argv[1])
@@ -877,7 +881,7 @@ def test_a_gpu_workers_step_thread_is_pinned_as_the_setting_says(host, setting, 
     rule ``auto`` cannot meet (a DGX H100's node 0
     has four GPUs, and two CPUs cannot give each a core) leave it, with the
     reason. Never raises."""
-    from cpupin.hosts import HOSTS, build_tree
+    from cpupin.host.shapes import HOSTS, build_tree
 
     root = build_tree(HOSTS[host], tmp_path / "tree")
     (tmp_path / "locks").mkdir()
@@ -922,8 +926,8 @@ def test_quota_cpus_keeps_the_quotas_cpus_of_the_mask(mask, capacity):
 
 FIT_QUOTA = """
 import json, os, subprocess, sys, threading
-from cpupin import vllm_plugin
-from cpupin.threads import Thread
+from cpupin.integrations.vllm import wiring as vllm_plugin
+from cpupin.threads.thread import Thread
 started = threading.Event()
 Thread(target=started.wait, daemon=True).start()  # a thread that exists already
 vllm_plugin._state.update(role="vllm-api-server")
@@ -968,7 +972,7 @@ def test_a_server_is_confined_to_its_quotas_cpus_before_its_children_start(mode,
 
 HOLD_SERVER = """
 import json, os, sys
-from cpupin import vllm_plugin
+from cpupin.integrations.vllm import wiring as vllm_plugin
 vllm_plugin._state.update(role="vllm-api-server", mode="auto")
 vllm_plugin._hold_server_cpus()
 hold = vllm_plugin._state.get("wake_hold")

@@ -15,11 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cpupin
-from cpupin import wake
-from cpupin._pmqos import MAX_US, format_resume_latency, parse_resume_latency
-from cpupin.doctor import diagnose
-from cpupin.hosts import host_named
-from cpupin.server import ENV_WAKE_LATENCY, wake_latency_from_env
+from cpupin.act import wake
+from cpupin.act.server import ENV_WAKE_LATENCY, wake_latency_from_env
+from cpupin.host._pmqos import MAX_US, format_resume_latency, parse_resume_latency
+from cpupin.host.shapes import host_named
+from cpupin.measure.doctor import diagnose
 
 from .helpers import ready_child, run
 from .test_measure import fake_handoffs
@@ -119,7 +119,7 @@ def lock_dir(tmp_path, monkeypatch):
 
 
 def own_record(where):
-    found = cpupin.registry.read_registry(str(where))
+    found = cpupin.registry.writer.read_registry(str(where))
     (record,) = [r for r in found.records if r.kind == "process" and r.pid == os.getpid()]
     return record
 
@@ -431,7 +431,7 @@ def test_exec_dry_run_says_what_it_would_hold():
 SERVER_MEMBER = """
 import sys
 import cpupin
-from cpupin import registry
+from cpupin.registry import writer as registry
 registry.describe_process(role="vllm-worker", server=(int(sys.argv[2]), int(sys.argv[3])))
 cpupin.hold_wake_latency({int(sys.argv[1])}, 0)
 print("ready", flush=True)
@@ -442,8 +442,8 @@ sys.stdin.readline()
 def test_a_server_putting_away_its_killed_workers_puts_back_their_holds(tmp_path):
     """vLLM kills its workers with SIGKILL; the API server's prune of their
     records (prune_members) gives their held CPUs their values back."""
-    from cpupin._proc import start_time
-    from cpupin.registry import prune_members
+    from cpupin.host._proc import start_time
+    from cpupin.registry.writer import prune_members
 
     cpu = min(os.sched_getaffinity(0))
     me = (os.getpid(), start_time(os.getpid()))

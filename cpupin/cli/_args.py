@@ -13,10 +13,10 @@ from collections.abc import Callable
 from cpupin._native import PID_LIMIT
 from cpupin.cpulist import format_cpulist, parse_cpulist
 from cpupin.errors import excerpt
-from cpupin.process import process_cpus
-from cpupin.topology import Host, read_host
+from cpupin.host.topology import Host, read_host
+from cpupin.process.mask import process_cpus
 
-#: The shipped hosts (cpupin.hosts.HOSTS, which a test keeps equal): named
+#: The shipped hosts (cpupin.host.shapes.HOSTS, which a test keeps equal): named
 #: here so that building the parser does not build their specs.
 HOST_NAMES = ("amd-8gpu", "dgx-h100", "gh200", "h100-vm", "xeon-sst-bf", "xeon6-b300", "xeon6-pct")
 
@@ -105,7 +105,7 @@ def add_host(parser: argparse.ArgumentParser) -> None:
 def load_host(args: argparse.Namespace) -> tuple[Host, str, frozenset[int]]:
     """(host, its title, the mask a process there has)."""
     if args.host:
-        from cpupin.hosts import HOSTS, host_named
+        from cpupin.host.shapes import HOSTS, host_named
 
         host = host_named(args.host)
         return host, f"{args.host}: {HOSTS[args.host].description}", host.default_mask()

@@ -7,25 +7,17 @@ import os
 import signal
 import sys
 
-from cpupin._pmqos import MAX_US
-from cpupin.binding import (
-    Binding,
-    bind_process,
-    decide_binding,
-    device_address,
-    gpu_node,
-    parse_cpus,
-    read_mems_allowed,
-)
+from cpupin.act.binding import bind_process, device_address, read_mems_allowed
+from cpupin.cli import _args
 from cpupin.cpulist import format_cpulist
-from cpupin.cpuplan import CpuPlan
 from cpupin.errors import excerpt
-from cpupin.launcher import explain_cpus
-from cpupin.pools import cpu_plan, pool_env
-from cpupin.process import ENV_PROCESS_CPUS, process_cpus
-from cpupin.topology import Host
-
-from . import _args
+from cpupin.host._pmqos import MAX_US
+from cpupin.host.launcher import CpuOrigin, explain_cpus
+from cpupin.host.topology import Host
+from cpupin.plan.binding import Binding, decide_binding, gpu_node, parse_cpus
+from cpupin.plan.cpuplan import CpuPlan
+from cpupin.pools.limits import PoolLimits, cpu_plan, pool_env
+from cpupin.process.mask import ENV_PROCESS_CPUS, process_cpus
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -125,93 +117,128 @@ def _local_rank() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    argv = _command(args)
+    elsewhere = bool(args.root or args.host or args.mask is not None)
+    if elsewhere and not args.dry_run:
+        raise ValueError(
+            "--root, --host and --mask describe another host or mask: use them with --dry-run"
+        )
+    _check_target(args)
+    device = _device_of(args)
+    if args.dry_run:
+        return _dry_run(args, argv, device, elsewhere)
+    return _exec(args, argv, device)
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    """The command to run, without the ``--`` that may open it."""
     argv = list(args.argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
         raise ValueError("no command to run: cpupin exec --node 0 -- python serve.py")
-    elsewhere = args.root or args.host or args.mask is not None
-    if elsewhere and not args.dry_run:
-        raise ValueError(
-            "--root, --host and --mask describe another host or mask: use them with --dry-run"
-        )
+    return argv
+
+
+def _check_target(args: argparse.Namespace) -> None:
+    """A GPU, a node or a CPU list must be named: the error says which this
+    host can take."""
     listed = parse_cpus(args.cpus)[1] is not None
-    if not (listed or args.gpu or args.device is not None or args.local_rank) and args.node is None:
-        host = _args.load_host(args)[0]
-        example = (
-            "cpupin exec --local-rank -- python serve.py"
-            if host.gpus
-            else "cpupin exec --node 0 -- python serve.py (this host has no GPU)"
-        )
-        raise ValueError(
-            "name the GPU (--gpu, --device or --local-rank) or the node (--node), or give "
-            f"--cpus a CPU list: {example}"
-        )
-    device: str | int | None = None
+    if listed or args.gpu or args.device is not None or args.local_rank or args.node is not None:
+        return
+    host = _args.load_host(args)[0]
+    example = (
+        "cpupin exec --local-rank -- python serve.py"
+        if host.gpus
+        else "cpupin exec --node 0 -- python serve.py (this host has no GPU)"
+    )
+    raise ValueError(
+        "name the GPU (--gpu, --device or --local-rank) or the node (--node), or give "
+        f"--cpus a CPU list: {example}"
+    )
+
+
+def _device_of(args: argparse.Namespace) -> str | int | None:
     if args.gpu is not None:
-        device = args.gpu
-    elif args.device is not None:
-        device = args.device
-    elif args.local_rank:
-        device = _local_rank()
-    if args.dry_run:
-        host, _, mask = _args.load_host(args)
-        mask = _args.mask_arg(args.mask, host, mask)
-        address = None if device is None else device_address(host, device)
-        binding = decide_binding(
-            host,
-            mask,
-            device=address,
-            node=args.node,
-            cpus=args.cpus,
-            memory=args.memory,
-            mems_allowed=None if elsewhere else read_mems_allowed("/"),
+        return args.gpu  # type: ignore[no-any-return]
+    if args.device is not None:
+        return args.device  # type: ignore[no-any-return]
+    return _local_rank() if args.local_rank else None
+
+
+def _dry_run(
+    args: argparse.Namespace, argv: list[str], device: str | int | None, elsewhere: bool
+) -> int:
+    """What exec would do, decided and printed; nothing applied, nothing run."""
+    host, _, mask = _args.load_host(args)
+    mask = _args.mask_arg(args.mask, host, mask)
+    address = None if device is None else device_address(host, device)
+    binding = decide_binding(
+        host,
+        mask,
+        device=address,
+        node=args.node,
+        cpus=args.cpus,
+        memory=args.memory,
+        mems_allowed=None if elsewhere else read_mems_allowed("/"),
+    )
+    pools = None
+    if not args.no_pools:
+        plan = CpuPlan.for_host(host, binding.cpus)
+        pools = pool_env(plan, os.environ, host_cpus=len(host.cpus))[1]
+    origin = explain_cpus(host, mask, _gpu_of(host, binding))
+    if args.json:
+        _args.print_json(
+            {
+                **binding.as_dict(),
+                "pools": pools and pools.as_dict(),
+                "cpus_from": origin.as_dict(),
+                "wake_latency_us": args.wake_latency,
+                "argv": argv,
+            }
         )
-        pools = None
-        if not args.no_pools:
-            pools = pool_env(
-                CpuPlan.for_host(host, binding.cpus), os.environ, host_cpus=len(host.cpus)
-            )[1]
-        origin = explain_cpus(host, mask, _gpu_of(host, binding))
-        if args.json:
-            _args.print_json(
-                {
-                    **binding.as_dict(),
-                    "pools": pools and pools.as_dict(),
-                    "cpus_from": origin.as_dict(),
-                    "wake_latency_us": args.wake_latency,
-                    "argv": argv,
-                }
-            )
-            return 0
-        print(f"device {binding.device or '-'}, node {_or_none(binding.node)}")
-        print(
-            f"cpus   {format_cpulist(binding.cpus)} ({len(binding.cpus)} CPUs, --cpus {args.cpus})"
-        )
-        memory = (
-            f"{binding.memory_policy} on node {format_cpulist(binding.memory_nodes)}"
-            if binding.memory_policy != "none"
-            else "no policy"
-        )
-        print(f"memory {memory}")
-        if binding.reason:
-            print(f"reason {binding.reason}")
-        for line in origin.lines:
-            print(f"from   {line}")
-        for warning in origin.warnings:
-            print(f"warn   {warning}")
-        print(f"pools  {pools if pools else 'left alone (--no-pools)'}")
-        if args.wake_latency is not None:
-            print(
-                f"wake   every CPU held at {args.wake_latency} µs or less while it runs "
-                "(/dev/cpu_dma_latency)"
-            )
-        print(f"argv   {' '.join(argv)}  (a dry run: nothing applied, nothing run)")
         return 0
+    _print_dry_run(args, argv, binding, origin, pools)
+    return 0
+
+
+def _print_dry_run(
+    args: argparse.Namespace,
+    argv: list[str],
+    binding: Binding,
+    origin: CpuOrigin,
+    pools: PoolLimits | None,
+) -> None:
+    print(f"device {binding.device or '-'}, node {_or_none(binding.node)}")
+    print(f"cpus   {format_cpulist(binding.cpus)} ({len(binding.cpus)} CPUs, --cpus {args.cpus})")
+    memory = (
+        f"{binding.memory_policy} on node {format_cpulist(binding.memory_nodes)}"
+        if binding.memory_policy != "none"
+        else "no policy"
+    )
+    print(f"memory {memory}")
+    if binding.reason:
+        print(f"reason {binding.reason}")
+    for line in origin.lines:
+        print(f"from   {line}")
+    for warning in origin.warnings:
+        print(f"warn   {warning}")
+    print(f"pools  {pools if pools else 'left alone (--no-pools)'}")
+    if args.wake_latency is not None:
+        print(
+            f"wake   every CPU held at {args.wake_latency} µs or less while it runs "
+            "(/dev/cpu_dma_latency)"
+        )
+    print(f"argv   {' '.join(argv)}  (a dry run: nothing applied, nothing run)")
+
+
+def _exec(args: argparse.Namespace, argv: list[str], device: str | int | None) -> int:
+    """Bind this process, then become the command (exit 126 or 127 where it
+    cannot run)."""
     # exec writes no record: the command it becomes is the process, and any
     # record it left would outlive the exec (the command learns its mask
     # from CPUPIN_PROCESS_CPUS instead).
-    from cpupin import registry
+    from cpupin.registry import writer as registry
 
     registry._disabled = True
     binding = bind_process(device, node=args.node, cpus=args.cpus, memory=args.memory)
@@ -221,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wake_latency is not None:
         # Refused (no root, no cpuidle, a container without the device):
         # exit 2 with why, before anything runs.
-        from cpupin.wake import hold_for_exec
+        from cpupin.act.wake import hold_for_exec
 
         hold_for_exec(args.wake_latency)
     if not args.no_pools:

@@ -6,18 +6,17 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from cpupin.binding import memory_binding_check
+from cpupin.act.binding import memory_binding_check
+from cpupin.cli import _args
 from cpupin.cpulist import format_cpulist
-from cpupin.cpuplan import CpuPlan
-from cpupin.doctor import Diagnosis, diagnose, measure_hold, measure_host
 from cpupin.errors import PlanError
-from cpupin.irqs import MAX_LISTED, IrqOnPin, irqbalance_advice, read_irqs
-from cpupin.launcher import CpuOrigin, explain_cpus
-from cpupin.pools import cpu_plan, environment_advice
-from cpupin.process import process_cpus
-from cpupin.topology import Host, read_host
-
-from . import _args
+from cpupin.host.irqs import MAX_LISTED, IrqOnPin, irqbalance_advice, read_irqs
+from cpupin.host.launcher import CpuOrigin, explain_cpus
+from cpupin.host.topology import Host, read_host
+from cpupin.measure.doctor import Diagnosis, diagnose, measure_hold, measure_host
+from cpupin.plan.cpuplan import CpuPlan
+from cpupin.pools.limits import cpu_plan, environment_advice
+from cpupin.process.mask import process_cpus
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -98,16 +97,7 @@ def _examine(args: argparse.Namespace) -> _Report:
             raise ValueError("--pid judges a process on this machine: leave out --host and --root")
         process, mask, environ = _process_facts(args.pid)
         title = f"pid {args.pid} on this machine"
-    handoffs = None
-    unmeasured = ""
-    measured_on = "nowhere"
-    noise: list[str] = []
-    if here or args.measure_here:
-        local = host if here else read_host("/")
-        handoffs = measure_host(local, process_cpus() & local.cpus, noise=noise)
-        unmeasured = measure_hold(handoffs)
-        measured_on = "this machine" if here else f"this machine, not {args.host or args.root}"
-    diagnosis = diagnose(host, handoffs, measured_on, noise, unmeasured)
+    diagnosis = _measured_diagnosis(args, host, here)
     if process is not None:
         plan = cpu_plan(args.pid, mask=mask)
     else:
@@ -127,13 +117,7 @@ def _examine(args: argparse.Namespace) -> _Report:
         memory_ok, memory_why = memory_binding_check()
     origin = explain_cpus(host, mask, _visible_gpus(host, environ or {}) if here else ())
     pinned, pinned_by = _pinned_cpus(host, mask, here)
-    irqs: list[IrqOnPin] = []
-    if args.host:
-        irq_notes = ["not read: a shipped host has no proc/interrupts"]
-    elif not pinned:
-        irq_notes = [f"not read: {pinned_by}"]
-    else:
-        irqs, irq_notes = read_irqs(host.root, pinned, interval=args.irq_interval)
+    irqs, irq_notes = _irqs_on(args, host, pinned, pinned_by)
     return _Report(
         host,
         title,
@@ -153,13 +137,39 @@ def _examine(args: argparse.Namespace) -> _Report:
     )
 
 
+def _measured_diagnosis(args: argparse.Namespace, host: Host, here: bool) -> Diagnosis:
+    """The verdict, with handoffs measured where the host is this machine
+    (or --measure-here asks for it), judged on the sysfs figures elsewhere."""
+    handoffs = None
+    unmeasured = ""
+    measured_on = "nowhere"
+    noise: list[str] = []
+    if here or args.measure_here:
+        local = host if here else read_host("/")
+        handoffs = measure_host(local, process_cpus() & local.cpus, noise=noise)
+        unmeasured = measure_hold(handoffs)
+        measured_on = "this machine" if here else f"this machine, not {args.host or args.root}"
+    return diagnose(host, handoffs, measured_on, noise, unmeasured)
+
+
+def _irqs_on(
+    args: argparse.Namespace, host: Host, pinned: frozenset[int], pinned_by: str
+) -> tuple[list[IrqOnPin], list[str]]:
+    """The device IRQs that land on the pinned CPUs, or why none were read."""
+    if args.host:
+        return [], ["not read: a shipped host has no proc/interrupts"]
+    if not pinned:
+        return [], [f"not read: {pinned_by}"]
+    return read_irqs(host.root, pinned, interval=args.irq_interval)
+
+
 def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[str, str] | None]:
     """Another process's facts for the doctor: its mask (the launcher's view
     where an OpenMP binding narrowed every thread), its environment (``None``
     when unreadable or overwritten by its title), and its crowded CPUs."""
-    from cpupin.process import process_mask_of, read_environ, thread_masks
-
-    from .threads import _title, shared_narrow
+    from cpupin.cli.threads import _title, shared_narrow
+    from cpupin.process.mask import thread_masks
+    from cpupin.process.outside import process_mask_of, read_environ
 
     try:
         threads = thread_masks(pid)
@@ -188,12 +198,12 @@ def _pinned_cpus(host: Host, mask: frozenset[int], here: bool) -> tuple[frozense
     """The CPUs whose interrupts matter: those auto would pin a step or result
     thread to for every GPU of the host under the mask, and, on this
     machine, those registered processes pin now; and where they came from."""
-    from cpupin.placement import place
+    from cpupin.plan.placement import place
 
     planned = frozenset().union(*(place(host, mask, [g.address], "auto").cpus for g in host.gpus))
     registered: frozenset[int] = frozenset()
     if here:
-        from cpupin._registry_read import read_registry
+        from cpupin.registry.reader import read_registry
 
         registered = frozenset(
             cpu
@@ -222,8 +232,8 @@ def _visible_gpus(host: Host, environ: dict[str, str]) -> list[tuple[str, int | 
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if not visible or not host.gpus:
         return []
-    from cpupin.binding import gpu_node
-    from cpupin.server import parse_visible_devices, resolve_devices
+    from cpupin.act.server import parse_visible_devices, resolve_devices
+    from cpupin.plan.binding import gpu_node
 
     try:
         count = len(parse_visible_devices(visible))
@@ -263,6 +273,36 @@ def _print_json(r: _Report) -> None:
     )
 
 
+def _print_process(p: dict[str, object]) -> None:
+    """The process --pid names: its command, threads, mask and any team
+    that an OpenMP binding squeezed onto one CPU."""
+    print(f"process  {p['command']}: {p['threads']} thread(s); mask from {p['mask_from']}")
+    if p["environment"] != "read":
+        print(f"         {p['environment']}")
+    shared = p["shared_narrow"]
+    if isinstance(shared, dict):
+        others = shared["not_openmp"]
+        assert isinstance(others, dict)
+        print(
+            f"shared   {shared['threads']} thread(s) on CPU {shared['cpus_list']}, "
+            f"{sum(others.values())} of them not OpenMP's"
+        )
+        print(f"advice   {shared['advice']}")
+
+
+def _print_handoffs(diagnosis: Diagnosis) -> None:
+    if not diagnosis.handoff:
+        print("handoff  not measured (a shipped host); --measure-here uses this machine's")
+        return
+    print(f"handoff  one way, median (p99), measured on {diagnosis.measured_on}:")
+    for kind, h in diagnosis.handoff.items():
+        cost = h.wake_median_ns if h.wake_median_ns and h.idle_us else h.median_ns
+        print(
+            f"  {kind:18} CPUs {h.cpus[0]},{h.cpus[1]}: {cost / 1000:8.1f} µs "
+            f"({h.p99_ns / 1000:.1f} µs)"
+        )
+
+
 def _print_text(r: _Report) -> None:
     host, diagnosis = r.host, r.diagnosis
     deepest = diagnosis.deepest_idle_state
@@ -288,19 +328,7 @@ def _print_text(r: _Report) -> None:
     for warning in r.origin.warnings:
         print(f"warning  {warning}")
     if r.process is not None:
-        p = r.process
-        print(f"process  {p['command']}: {p['threads']} thread(s); mask from {p['mask_from']}")
-        if p["environment"] != "read":
-            print(f"         {p['environment']}")
-        shared = p["shared_narrow"]
-        if isinstance(shared, dict):
-            others = shared["not_openmp"]
-            assert isinstance(others, dict)
-            print(
-                f"shared   {shared['threads']} thread(s) on CPU {shared['cpus_list']}, "
-                f"{sum(others.values())} of them not OpenMP's"
-            )
-            print(f"advice   {shared['advice']}")
+        _print_process(r.process)
     if r.memory_ok is None:
         print(f"memory   {r.memory_why}")
     else:
@@ -308,16 +336,7 @@ def _print_text(r: _Report) -> None:
         print(f"memory   binding {verdict}: {r.memory_why}")
     _print_pools(r.plan.usable_cpus, r.problems, r.advice)
     _print_irqs(r)
-    if diagnosis.handoff:
-        print(f"handoff  one way, median (p99), measured on {diagnosis.measured_on}:")
-        for kind, h in diagnosis.handoff.items():
-            cost = h.wake_median_ns if h.wake_median_ns and h.idle_us else h.median_ns
-            print(
-                f"  {kind:18} CPUs {h.cpus[0]},{h.cpus[1]}: {cost / 1000:8.1f} µs "
-                f"({h.p99_ns / 1000:.1f} µs)"
-            )
-    else:
-        print("handoff  not measured (a shipped host); --measure-here uses this machine's")
+    _print_handoffs(diagnosis)
     for note in diagnosis.notes:
         print(f"note     {note}")
     if diagnosis.hold:

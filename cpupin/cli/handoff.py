@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cpupin.cli import _args
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import excerpt
-from cpupin.handoff import (
+from cpupin.host.topology import read_host
+from cpupin.measure.handoff import (
     HandoffResult,
     format_pair,
     handoff,
@@ -15,10 +17,7 @@ from cpupin.handoff import (
     handoff_python,
     pair_kinds,
 )
-from cpupin.process import process_cpus
-from cpupin.topology import read_host
-
-from . import _args
+from cpupin.process.mask import process_cpus
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

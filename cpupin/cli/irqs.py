@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
+from cpupin.cli import _args
 from cpupin.cpulist import MAX_CPUS, format_cpulist, parse_cpulist
 from cpupin.errors import printable
-
-from . import _args
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,17 +55,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cpupin.irq_steer import apply_moves, plan_moves, read_context, restore_moves
-    from cpupin.irqs import irqbalance_advice, read_irqs
+    from cpupin.act.irq_steer import apply_moves, plan_moves, read_context, restore_moves
+    from cpupin.host.irqs import irqbalance_advice, read_irqs
 
-    root = args.root or "/"
-    if args.root is not None and not os.path.isdir(args.root):
-        raise ValueError(f"--root {printable(args.root, 80)} is not a directory")
-    if (args.apply or args.restore) and root == "/" and os.geteuid() != 0:
-        raise ValueError(
-            "--apply and --restore write /proc/irq/N/smp_affinity_list: run them as root "
-            "(without them, cpupin irqs shows what would move)"
-        )
+    root = _checked_root(args)
     if args.restore:
         lines = restore_moves(root=root, directory=args.lock_dir)
         if args.json:
@@ -74,16 +67,7 @@ def run(args: argparse.Namespace) -> int:
             for line in lines:
                 print(f"restore  {line}")
         return 0
-    if args.cpus is not None:
-        try:
-            keep = parse_cpulist(args.cpus)
-        except ValueError as exc:
-            raise ValueError(f"--cpus: {exc}") from None
-        if not keep:
-            raise ValueError("--cpus names no CPU: name the step and result CPUs to keep clear")
-        source = "--cpus"
-    else:
-        keep, source = _default_cpus(root)
+    keep, source = _keep_clear(args, root)
     # Every IRQ, then those whose smp_affinity lets them land on a CPU to
     # keep clear (where the kernel delivers it today is one of those CPUs).
     every, reasons = read_irqs(root, range(MAX_CPUS), interval=0) if keep else ([], [])
@@ -112,38 +96,76 @@ def run(args: argparse.Namespace) -> int:
                 "reasons": reasons,
             }
         )
+    elif keep:
+        _print_moves(args, keep, source, moves, done, left, advice, reasons)
     else:
-        if not keep:
-            print(f"irqs     nothing to keep clear: {source}")
-            return 0
-        print(f"irqs     keep CPUs {format_cpulist(keep)} clear ({source})")
-        for m in moves:
-            to = format_cpulist(m.after) if m.after is not None else "stays"
-            name = m.name.strip("'").split()[-1:] or ["?"]  # the device, of the quoted line
-            print(
-                f"  IRQ {m.irq:>5} {printable(name[0], 20):20} {m.kind:5} "
-                f"{format_cpulist(m.before):>12} -> {to:12} {m.reason}"
-            )
-        if not moves:
-            print("  no device IRQ may land on them")
-        for line in left:
-            print(f"left     {line}")
-        if args.apply:
-            print(f"moved    {len(done)} IRQ(s); cpupin irqs --restore puts them back")
-        elif any(m.after is not None for m in moves):
-            print("dry run  nothing written: --apply moves them (root)")
-        for line in advice:
-            print(f"advice   {line}")
-        for reason in reasons[:8]:
-            print(f"note     {printable(reason, 200)}")
+        print(f"irqs     nothing to keep clear: {source}")
     return 0
 
 
-def _default_cpus(root: str) -> tuple[frozenset[int], str]:
-    from cpupin.process import process_cpus
-    from cpupin.topology import read_host
+def _checked_root(args: argparse.Namespace) -> str:
+    """The root to read and write under, refused before any work where it
+    is not a folder, or where writing the real one needs root."""
+    root: str = args.root or "/"
+    if args.root is not None and not os.path.isdir(args.root):
+        raise ValueError(f"--root {printable(args.root, 80)} is not a directory")
+    if (args.apply or args.restore) and root == "/" and os.geteuid() != 0:
+        raise ValueError(
+            "--apply and --restore write /proc/irq/N/smp_affinity_list: run them as root "
+            "(without them, cpupin irqs shows what would move)"
+        )
+    return root
 
-    from .doctor import _pinned_cpus
+
+def _keep_clear(args: argparse.Namespace, root: str) -> tuple[frozenset[int], str]:
+    """The CPUs to keep clear of IRQs, and where that came from."""
+    if args.cpus is None:
+        return _default_cpus(root)
+    try:
+        keep = parse_cpulist(args.cpus)
+    except ValueError as exc:
+        raise ValueError(f"--cpus: {exc}") from None
+    if not keep:
+        raise ValueError("--cpus names no CPU: name the step and result CPUs to keep clear")
+    return keep, "--cpus"
+
+
+def _print_moves(
+    args: argparse.Namespace,
+    keep: frozenset[int],
+    source: str,
+    moves: list[Any],
+    done: list[Any],
+    left: list[str],
+    advice: list[str],
+    reasons: list[str],
+) -> None:
+    print(f"irqs     keep CPUs {format_cpulist(keep)} clear ({source})")
+    for m in moves:
+        to = format_cpulist(m.after) if m.after is not None else "stays"
+        name = m.name.strip("'").split()[-1:] or ["?"]  # the device, of the quoted line
+        print(
+            f"  IRQ {m.irq:>5} {printable(name[0], 20):20} {m.kind:5} "
+            f"{format_cpulist(m.before):>12} -> {to:12} {m.reason}"
+        )
+    if not moves:
+        print("  no device IRQ may land on them")
+    for line in left:
+        print(f"left     {line}")
+    if args.apply:
+        print(f"moved    {len(done)} IRQ(s); cpupin irqs --restore puts them back")
+    elif any(m.after is not None for m in moves):
+        print("dry run  nothing written: --apply moves them (root)")
+    for line in advice:
+        print(f"advice   {line}")
+    for reason in reasons[:8]:
+        print(f"note     {printable(reason, 200)}")
+
+
+def _default_cpus(root: str) -> tuple[frozenset[int], str]:
+    from cpupin.cli.doctor import _pinned_cpus
+    from cpupin.host.topology import read_host
+    from cpupin.process.mask import process_cpus
 
     host = read_host(root)
     mask = process_cpus() & host.cpus if root == "/" else host.cpus

@@ -7,15 +7,14 @@ import os
 import sys
 from collections.abc import Callable
 
+from cpupin.act.server import OPENMP_AFFINITY_VARS, resolve_devices
+from cpupin.cli import _args
+from cpupin.cli.topo import heads
 from cpupin.cpulist import format_cpulist
-from cpupin.cpuplan import CpuPlan
 from cpupin.errors import PlanError, excerpt
-from cpupin.placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
-from cpupin.server import OPENMP_AFFINITY_VARS, resolve_devices
-from cpupin.topology import Host, parse_pci_address
-
-from . import _args
-from .topo import heads
+from cpupin.host.topology import Host, parse_pci_address
+from cpupin.plan.cpuplan import CpuPlan
+from cpupin.plan.placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -87,18 +86,7 @@ def _device(kind: str, text: str, host: Host) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    used = set() if args.setting is not None else {ENV_SETTING}
-    ignored = [
-        n
-        for n in os.environ
-        if (n.startswith("CPUPIN_") or n in OPENMP_AFFINITY_VARS) and n not in used
-    ]
-    if ignored:
-        print(
-            f"note: the dry run plans from its arguments and {ENV_SETTING} alone; it "
-            f"ignores {', '.join(ignored)}",
-            file=sys.stderr,
-        )
+    _note_ignored(args)
     setting = setting_from_env() if args.setting is None else parse_setting(args.setting)
     host, title, mask = _args.load_host(args)
     allowed = _args.mask_arg(args.mask, host, mask) & host.cpus
@@ -106,18 +94,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"the process mask names no online CPU of {title}")
     if args.all_gpus or not args.entries:
         if not host.gpus and not args.entries:
-            if setting == "off":
-                # What the user asked for holds: nothing is pinned. Say how to
-                # see a placement here, without calling it an error.
-                print(
-                    f"{title}: step_thread_core off (the default), so nothing is pinned. It "
-                    f"has no GPU for auto to place by; to see a placement, " + _slots(host, allowed)
+            if setting != "off":
+                raise ValueError(
+                    f"{title} has no GPU, so {setting} has no device to place by: "
+                    + _slots(host, allowed)
                 )
-                return 0
-            raise ValueError(
-                f"{title} has no GPU, so {setting} has no device to place by: "
-                + _slots(host, allowed)
+            # What the user asked for holds: nothing is pinned. Say how to
+            # see a placement here, without calling it an error.
+            print(
+                f"{title}: step_thread_core off (the default), so nothing is pinned. It "
+                f"has no GPU for auto to place by; to see a placement, " + _slots(host, allowed)
             )
+            return 0
         servers = [[g.address] for g in host.gpus]
     else:
         servers = [[_device(kind, text, host) for kind, text in args.entries]]
@@ -149,6 +137,22 @@ def run(args: argparse.Namespace) -> int:
         print("with auto instead of off (what auto would do on this host and mask):")
         _draw(host, allowed, autos, base)
     return 0
+
+
+def _note_ignored(args: argparse.Namespace) -> None:
+    """Say which of cpupin's variables and OpenMP's the dry run leaves out."""
+    used = set() if args.setting is not None else {ENV_SETTING}
+    ignored = [
+        n
+        for n in os.environ
+        if (n.startswith("CPUPIN_") or n in OPENMP_AFFINITY_VARS) and n not in used
+    ]
+    if ignored:
+        print(
+            f"note: the dry run plans from its arguments and {ENV_SETTING} alone; it "
+            f"ignores {', '.join(ignored)}",
+            file=sys.stderr,
+        )
 
 
 def _slots(host: Host, allowed: frozenset[int]) -> str:
@@ -212,6 +216,11 @@ def _draw(host: Host, allowed: frozenset[int], placements: list[Placement], base
             owner[p.result_cpu] = letter.lower() if p.result_cpu not in owner else "*"
     if len(host.classes) > 1:
         print(_budget_line(host, _top_class_use(host, allowed, placements)))
+    _draw_nodes(host, allowed, owner)
+
+
+def _draw_nodes(host: Host, allowed: frozenset[int], owner: dict[int, str]) -> None:
+    """The map: a line a node, a cell a core, each marked by its server."""
     top = _top_class(host)
     print(
         "cores of each node (A: a server's step core, a: its result CPU, .: free, "

@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
+from cpupin.cli import _args
+from cpupin.cli._pools import memory_lines, pool_lines, throttle_text
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
-from cpupin.registry import Registry, lock_dir, prune, read_registry
-from cpupin.sampling import host_view
-
-from . import _args
-from ._pools import memory_lines, pool_lines, throttle_text
+from cpupin.measure.sampling import host_view
+from cpupin.registry.writer import Registry, lock_dir, prune, read_registry
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -75,22 +75,7 @@ def _text(data: dict[str, object]) -> None:
     assert isinstance(servers, list) and isinstance(processes, list)
     live_servers = [s for s in servers if s["live"]]
     live_procs = [p for p in processes if p["live"]]
-    print(
-        f"cpupin ps: lock directory {printable(str(data['lock_dir']), 120)}; "
-        f"{len(live_servers)} server(s), "
-        f"{sum(1 for p in live_procs if p['pins'])} process(es) with pins"
-        + (
-            f", {sum(1 for p in live_procs if p.get('role'))} with a role"
-            if any(p.get("role") for p in live_procs)
-            else ""
-        )
-        + "; "
-        + (
-            f"sampled over {data['sampled_s']:.3g} s (asked {data['interval_s']:g} s)"
-            if data["sampled_s"]
-            else "nothing live to sample"
-        )
-    )
+    print(_headline(data, live_servers, live_procs))
     print(f"{'SERVER':8} {'pid':>8}  {'setting':8} {'result':>6}  GPUs and step CPUs")
     for s in live_servers:
         steps = "; ".join(
@@ -103,71 +88,114 @@ def _text(data: dict[str, object]) -> None:
         f"{'cpu ms/s':>9} {'wait ms/s':>10}"
     )
     for p in live_procs:
-        if p.get("role"):
-            print(f"{'':8} {p['pid']:>8}  {printable(p['role'], 32)}")
-        if p.get("out_of_date"):
-            print(
-                f"{'':8} {p['pid']:>8}  record out of date ({printable(p['out_of_date'], 120)}): "
-                "its pins may have changed since"
-            )
-        for note in p.get("notes", []):
-            print(f"{'':8} {p['pid']:>8}    {printable(note, 240)}")
-        if p.get("pin_drift"):
-            drift = p["pin_drift"]
-            print(
-                f"{'':8} {p['pid']:>8}  pins found off their CPUs {drift['total']} time(s); "
-                f"last: {printable(drift['last'], 200)}"
-            )
-        for h in p.get("wake_holds", []):
-            what = "no wake latency" if h["max_us"] == 0 else f"wakes within {h['max_us']} µs"
-            where = "pm_qos_resume_latency_us" if h["mechanism"] == "sysfs" else "cpu_dma_latency"
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["since"]))
-            print(
-                f"{'':8} {p['pid']:>8}  holds CPUs {h['cpus_list']}: {what} ({where}) since {since}"
-            )
-        for s in p.get("steps", []):
-            print(
-                f"{'':8} {p['pid']:>8}  steps {s['clock']}: {s['steps']} on tid {s['tid']}, "
-                f"wait p50 {_us(s['wait_p50_us'])} p99 {_us(s['wait_p99_us'])}, "
-                f"wall p99 {_us(s['wall_p99_us'])}, throttled {s['throttled_s']:.3f} s"
-            )
-        for t in p.get("threads", []):
-            cpu = f"{t['cpu_ms_per_s']:.1f}" if t["cpu_ms_per_s"] is not None else "gone"
-            wait = f"{t['wait_ms_per_s']:.1f}" if t["wait_ms_per_s"] is not None else "-"
-            off = "" if t["on_its_pin"] or not t["alive"] else "  (moved off its pin)"
-            if t.get("stall"):
-                off += f"  stalled: {t['stall']}"
-            print(
-                f"{'':8} {p['pid']:>8}  {t['tid']:>8} {printable(t['name'], 16):16} "
-                f"{printable(t['role'], 8):8} "
-                f"{t['cpus_list'][:12]:12} {cpu:>9} {wait:>10}{off}"
-            )
-        for t in p.get("interlopers", []):
-            print(
-                f"{'':8} {p['pid']:>8}  {t['tid']:>8} {printable(t['name'], 16):16} {'-':8} "
-                f"{t['mask_list'][:12]:12}  an interloper: on a pinned CPU, not registered"
-            )
-        if p.get("usable_cpus") is not None:
-            lines = pool_lines(p.get("pools", []), " " * 19)
-            print(
-                f"{'':8} {p['pid']:>8}  usable CPUs {p['usable_cpus']}; "
-                f"{throttle_text(p.get('throttling'))}"
-                + ("; pools:" if lines else "; no pool of two threads or more")
-            )
-            for line in lines:
-                print(line)
-            if p.get("memory"):
-                for line in memory_lines(p["memory"]):
-                    print(f"{'':8} {p['pid']:>8}  {line}")
-    for r in [*servers, *processes]:
-        if not r["live"]:
-            print(f"stale    {printable(r['path'], 160)}: {printable(r['stale_because'], 160)}")
+        prefix = f"{'':8} {p['pid']:>8}  "
+        for line in [*_about_lines(p), *_thread_lines(p)]:
+            print(prefix + line)
+        _print_pools(p, prefix)
+    for line in _left_out_lines(data, [*servers, *processes]):
+        print(line)
+
+
+def _headline(data: dict[str, object], servers: list[Any], processes: list[Any]) -> str:
+    roles = sum(1 for p in processes if p.get("role"))
+    sampled = data["sampled_s"]
+    return (
+        f"cpupin ps: lock directory {printable(str(data['lock_dir']), 120)}; "
+        f"{len(servers)} server(s), "
+        f"{sum(1 for p in processes if p['pins'])} process(es) with pins"
+        + (f", {roles} with a role" if roles else "")
+        + "; "
+        + (
+            f"sampled over {sampled:.3g} s (asked {data['interval_s']:g} s)"
+            if sampled
+            else "nothing live to sample"
+        )
+    )
+
+
+def _about_lines(p: dict[str, Any]) -> list[str]:
+    """A process's role, notes, drift, wake-latency holds and step clocks."""
+    out = []
+    if p.get("role"):
+        out.append(printable(p["role"], 32))
+    if p.get("out_of_date"):
+        out.append(
+            f"record out of date ({printable(p['out_of_date'], 120)}): "
+            "its pins may have changed since"
+        )
+    out += [f"  {printable(note, 240)}" for note in p.get("notes", [])]
+    if p.get("pin_drift"):
+        drift = p["pin_drift"]
+        out.append(
+            f"pins found off their CPUs {drift['total']} time(s); "
+            f"last: {printable(drift['last'], 200)}"
+        )
+    for h in p.get("wake_holds", []):
+        what = "no wake latency" if h["max_us"] == 0 else f"wakes within {h['max_us']} µs"
+        where = "pm_qos_resume_latency_us" if h["mechanism"] == "sysfs" else "cpu_dma_latency"
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["since"]))
+        out.append(f"holds CPUs {h['cpus_list']}: {what} ({where}) since {since}")
+    for s in p.get("steps", []):
+        out.append(
+            f"steps {s['clock']}: {s['steps']} on tid {s['tid']}, "
+            f"wait p50 {_us(s['wait_p50_us'])} p99 {_us(s['wait_p99_us'])}, "
+            f"wall p99 {_us(s['wall_p99_us'])}, throttled {s['throttled_s']:.3f} s"
+        )
+    return out
+
+
+def _thread_lines(p: dict[str, Any]) -> list[str]:
+    """A process's pinned threads, with their sample, and its interlopers."""
+    out = []
+    for t in p.get("threads", []):
+        cpu = f"{t['cpu_ms_per_s']:.1f}" if t["cpu_ms_per_s"] is not None else "gone"
+        wait = f"{t['wait_ms_per_s']:.1f}" if t["wait_ms_per_s"] is not None else "-"
+        off = "" if t["on_its_pin"] or not t["alive"] else "  (moved off its pin)"
+        if t.get("stall"):
+            off += f"  stalled: {t['stall']}"
+        out.append(
+            f"{t['tid']:>8} {printable(t['name'], 16):16} {printable(t['role'], 8):8} "
+            f"{t['cpus_list'][:12]:12} {cpu:>9} {wait:>10}{off}"
+        )
+    for t in p.get("interlopers", []):
+        out.append(
+            f"{t['tid']:>8} {printable(t['name'], 16):16} {'-':8} "
+            f"{t['mask_list'][:12]:12}  an interloper: on a pinned CPU, not registered"
+        )
+    return out
+
+
+def _print_pools(p: dict[str, Any], prefix: str) -> None:
+    """A process's usable CPUs, throttling, pools and memory by node."""
+    if p.get("usable_cpus") is None:
+        return
+    lines = pool_lines(p.get("pools", []), " " * len(prefix))
+    print(
+        f"{prefix}usable CPUs {p['usable_cpus']}; {throttle_text(p.get('throttling'))}"
+        + ("; pools:" if lines else "; no pool of two threads or more")
+    )
+    for line in lines:
+        print(line)
+    for line in memory_lines(p["memory"]) if p.get("memory") else []:
+        print(prefix + line)
+
+
+def _left_out_lines(data: dict[str, object], records: list[Any]) -> list[str]:
+    """The stale records, the files ignored, and how many more were not listed."""
+    out = [
+        f"stale    {printable(r['path'], 160)}: {printable(r['stale_because'], 160)}"
+        for r in records
+        if not r["live"]
+    ]
     ignored = data["ignored"]
     assert isinstance(ignored, list)
-    for item in ignored:
-        print(f"ignored  {printable(item['path'], 160)}: {printable(item['reason'], 160)}")
+    out += [
+        f"ignored  {printable(item['path'], 160)}: {printable(item['reason'], 160)}"
+        for item in ignored
+    ]
     if data.get("not_listed"):
-        print(f"and      {data['not_listed']} more stale or ignored file(s), not listed")
+        out.append(f"and      {data['not_listed']} more stale or ignored file(s), not listed")
+    return out
 
 
 def _us(value: object) -> str:
@@ -181,7 +209,7 @@ def _prometheus(registry: Registry) -> int:
         raise ValueError(
             "--prometheus needs prometheus_client: pip install 'cpupin[prometheus]'"
         ) from None
-    from cpupin.metrics import ProcessesCollector
+    from cpupin.measure.metrics import ProcessesCollector
 
     collectors = CollectorRegistry(auto_describe=False)
     collectors.register(ProcessesCollector(registry, memory=True))  # asked for, on demand

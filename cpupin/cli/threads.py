@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from cpupin.cli import _args
+from cpupin.cli._pools import memory_lines, pool_lines
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
-from cpupin.numa_memory import memory_summary
-from cpupin.pool_census import census, pool_name
-from cpupin.process import process_cpus, thread_masks
-from cpupin.sampling import audit, process_mask_of
-
-from . import _args
-from ._pools import memory_lines, pool_lines
+from cpupin.host.numa_memory import memory_summary
+from cpupin.measure.sampling import audit, process_mask_of
+from cpupin.pools.census import census, pool_name
+from cpupin.process.mask import process_cpus, thread_masks
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -292,7 +291,7 @@ def _title(pid: int) -> str:
 
 
 def _run_tree(root: int, as_json: bool) -> int:
-    from cpupin.registry import read_registry
+    from cpupin.registry.writer import read_registry
 
     if not os.path.exists(f"/proc/{root}"):
         raise ValueError(f"threads --tree {root}: no such process")

@@ -11,16 +11,15 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from cpupin.cli import _args
+from cpupin.cli._pools import throttle_text
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
-from cpupin.sampling import Sampler
-from cpupin.threads import Thread
-
-from . import _args
-from ._pools import throttle_text
+from cpupin.measure.sampling import Sampler
+from cpupin.threads.thread import Thread
 
 if TYPE_CHECKING:
-    from cpupin.registry import Record
+    from cpupin.registry.writer import Record
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -175,8 +174,8 @@ def _capped(pid: int | None, record: Record | None) -> bool:
     """Whether the process's pools are capped already: cpupin set its pool
     variables (``cpupin exec``, ``child_env()``), or its record says it
     called ``limit_pools()``."""
-    from cpupin.pools import ENV_POOL_VARS
-    from cpupin.process import environ_of
+    from cpupin.pools.limits import ENV_POOL_VARS
+    from cpupin.process.outside import environ_of
 
     if pid is None:
         return bool(os.environ.get(ENV_POOL_VARS))
@@ -187,7 +186,7 @@ def _capped(pid: int | None, record: Record | None) -> bool:
 
 def _usable_of(pid: int | None) -> int | None:
     """The usable CPUs of the process sampled, from its own cgroup."""
-    from cpupin.pools import usable_cpus
+    from cpupin.pools.limits import usable_cpus
 
     try:
         return usable_cpus(pid)
@@ -197,7 +196,7 @@ def _usable_of(pid: int | None) -> int | None:
 
 def _record(pid: int) -> Record | None:
     """The process's live record (its role, its notes), else ``None``."""
-    from cpupin.process import record_of
+    from cpupin.process.outside import record_of
 
     try:
         return record_of(pid)

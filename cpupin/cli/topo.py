@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from cpupin.cli import _args
 from cpupin.cpulist import format_cpulist
-from cpupin.cpuplan import CpuPlan
-from cpupin.topology import Core, Host
-
-from . import _args
+from cpupin.host.topology import Core, Host
+from cpupin.plan.cpuplan import CpuPlan
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,0 +1,385 @@
+"""Holding the wake latency of CPUs: the seed's loss, a handoff that waits
+for an idle core to leave a deep idle state, removed without pinning.
+
+The kernel's idle governor puts a CPU into no state whose exit latency
+exceeds what PM QoS allows it. Two ways to say so, both files:
+
+- ``/sys/devices/system/cpu/cpuN/power/pm_qos_resume_latency_us``, a CPU at
+  a time (root). ``n/a`` accepts no latency at all (the CPU polls when
+  idle), a number accepts that many µs, ``0`` lifts the limit. The value
+  outlives the process that wrote it, so a hold records the value it
+  replaced in the process's record and puts it back on release, at exit,
+  and from ``cpupin ps --prune`` for a holder that died.
+- ``/dev/cpu_dma_latency``, every CPU at once: a request that lasts while
+  the descriptor is open, so the kernel drops it however the holder exits,
+  and a descriptor left open across ``exec`` keeps it for the new program
+  (``cpupin exec --wake-latency``).
+
+A held CPU that idles polls instead of sleeping: it burns power and, on a
+host with SMT, its sibling's share of the core. Hold the step and result
+CPUs only, where the doctor says the hold pays.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cpupin import _native
+from cpupin.cpulist import format_cpulist
+from cpupin.errors import excerpt
+from cpupin.host._pmqos import (
+    MAX_US,
+    SYSFS,
+    format_resume_latency,
+    parse_resume_latency,
+    restore,
+    why,
+)
+from cpupin.host._sysfs import Reader
+
+__all__ = [
+    "DMA_LATENCY",
+    "MAX_US",
+    "HoldRefused",
+    "WakeHold",
+    "format_resume_latency",
+    "hold_wake_latency",
+    "holds",
+    "parse_resume_latency",
+    "resume_latencies",
+]
+
+#: The device of the every-CPU request.
+DMA_LATENCY = "/dev/cpu_dma_latency"
+_CPUIDLE = "sys/devices/system/cpu/cpuidle/current_driver"
+
+
+class HoldRefused(OSError):
+    """A hold this host or this process cannot take; the message says why
+    and what to do instead."""
+
+
+def _checked_us(max_us: object) -> int:
+    if type(max_us) is not int or not 0 <= max_us <= MAX_US:
+        raise ValueError(
+            f"max_us {excerpt(max_us)} is not a whole number of µs from 0 to {MAX_US}: "
+            "0 accepts no wake latency at all (an idle CPU polls)"
+        )
+    return max_us
+
+
+@dataclass
+class WakeHold:
+    """A hold on the wake latency of some CPUs; :meth:`release` (or leaving
+    its ``with`` block, or the process's exit) ends it."""
+
+    cpus: frozenset[int]
+    """The CPUs held (every online CPU for ``/dev/cpu_dma_latency``)."""
+    max_us: int
+    mechanism: str
+    """``sysfs`` (``pm_qos_resume_latency_us`` a CPU) or ``dma``
+    (``/dev/cpu_dma_latency``, every CPU)."""
+    since: float
+    """When it was taken (``time.time()``)."""
+    previous: dict[int, str] = field(default_factory=dict)
+    """For ``sysfs``: each CPU's value before the hold, put back on release."""
+    root: str = "/"
+    fd: int = -1
+    """For ``dma``: the open request (``-1`` once released)."""
+    released: bool = False
+    notes: list[str] = field(default_factory=list)
+    """What release could not put back, and why."""
+
+    def as_record(self) -> dict[str, object]:
+        """What the process's record carries of it."""
+        out: dict[str, object] = {
+            "mechanism": self.mechanism,
+            "cpus": sorted(self.cpus),
+            "max_us": self.max_us,
+            "since": round(self.since, 3),
+        }
+        if self.mechanism == "sysfs":
+            out["previous"] = {str(c): v for c, v in sorted(self.previous.items())}
+        return out
+
+    def describe(self) -> str:
+        what = "no wake latency" if self.max_us == 0 else f"wakes within {self.max_us} µs"
+        where = (
+            "pm_qos_resume_latency_us" if self.mechanism == "sysfs" else f"{DMA_LATENCY}, every CPU"
+        )
+        return f"CPUs {format_cpulist(self.cpus)}: {what} ({where})"
+
+    def release(self) -> list[str]:
+        """End the hold: close the request, or put back each CPU's value
+        where it is still the one this hold wrote (a value someone changed
+        since is left, with a note). Returns the notes; idempotent."""
+        with _lock:
+            if self.released:
+                return self.notes
+            self.released = True
+            if self.mechanism == "dma":
+                if self.fd >= 0:
+                    try:
+                        os.close(self.fd)
+                    except OSError:
+                        pass
+                    self.fd = -1
+            else:
+                self.notes.extend(restore(self.previous, self.max_us, self.root))
+            if self in _held:
+                _held.remove(self)
+            _publish()
+        return self.notes
+
+    def __enter__(self) -> WakeHold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+_lock = threading.RLock()
+#: The holds this process took and still has.
+_held: list[WakeHold] = []
+_atexit = False
+
+
+def holds() -> list[WakeHold]:
+    """The holds this process has in force."""
+    with _lock:
+        return [h for h in _held if not h.released]
+
+
+def _cpuidle(reader: Reader) -> str | None:
+    """Why a hold would do nothing here (no idle driver), or ``None``."""
+    driver = reader.text(_CPUIDLE, 64)
+    if driver is None or driver.strip() in ("", "none"):
+        return (
+            "this host lists no cpuidle driver: its CPUs enter no idle state a hold "
+            "could keep them out of, so there is nothing to hold"
+        )
+    return None
+
+
+def resume_latencies(cpus: Iterable[int] | None = None, root: str = "/") -> dict[int, str | None]:
+    """Each CPU's ``pm_qos_resume_latency_us`` as text (``None``: not
+    exposed or not a valid value), for ``cpus`` (``None``: the online ones)."""
+    out: dict[int, str | None] = {}
+    with Reader(root) as r:
+        wanted = (
+            sorted(set(cpus))
+            if cpus is not None
+            else sorted(r.cpus("sys/devices/system/cpu/online") or ())
+        )
+        for cpu in wanted:
+            text = r.text(SYSFS.format(cpu), 32)
+            out[cpu] = None
+            if text is not None:
+                try:
+                    parse_resume_latency(text)
+                    out[cpu] = text.strip()
+                except ValueError:
+                    pass
+    return out
+
+
+def hold_wake_latency(
+    cpus: Iterable[int] | str | None = None,
+    max_us: int = 0,
+    *,
+    mechanism: str = "auto",
+    root: str = "/",
+) -> WakeHold:
+    """Keep ``cpus`` out of idle states slower to leave than ``max_us``
+    (0: out of every idle state but polling), until released.
+
+    ``mechanism``: ``sysfs`` holds the named CPUs through their
+    ``pm_qos_resume_latency_us`` (root; the value each had is recorded and
+    put back); ``dma`` holds every CPU through ``/dev/cpu_dma_latency``
+    (released by the kernel however the process exits); ``auto`` is
+    ``sysfs`` for named CPUs and ``dma`` for ``cpus=None``. Raises
+    :class:`HoldRefused`, saying why, on a host without cpuidle, without
+    root, where a container hides or mounts the files read-only, and for a
+    CPU another live process holds; ``ValueError`` for a bad argument.
+    ``root``: a tree standing for ``/`` (tests)."""
+    max_us = _checked_us(max_us)
+    if mechanism not in ("auto", "sysfs", "dma"):
+        raise ValueError(f"mechanism {excerpt(mechanism)} is not auto, sysfs or dma")
+    with Reader(root) as r:
+        online = r.cpus("sys/devices/system/cpu/online") or frozenset(range(os.cpu_count() or 1))
+        if cpus is None:
+            wanted = frozenset(online)
+        else:
+            wanted = _native.cpu_set(cpus)  # ValueError naming what is not a CPU
+            if not wanted:
+                raise ValueError("no CPU named: name the step and result CPUs to hold")
+            if not wanted <= online:
+                raise ValueError(
+                    f"CPUs {format_cpulist(wanted - online)} are not online "
+                    f"(online: {format_cpulist(online)})"
+                )
+        kind = mechanism if mechanism != "auto" else ("dma" if cpus is None else "sysfs")
+        if kind == "dma" and cpus is not None and wanted != online:
+            raise ValueError(
+                f"{DMA_LATENCY} holds every CPU, not {format_cpulist(wanted)}: use "
+                "mechanism='sysfs' for some CPUs"
+            )
+        why = _cpuidle(r)
+        if why:
+            raise HoldRefused(errno.EOPNOTSUPP, why)
+        if kind == "dma":
+            hold = _hold_dma(wanted, max_us)
+        else:
+            hold = _hold_sysfs(r, root, wanted, max_us)
+    with _lock:
+        global _atexit
+        _held.append(hold)
+        if not _atexit:
+            atexit.register(_release_all)
+            _atexit = True
+        _publish()
+    return hold
+
+
+def _hold_dma(cpus: frozenset[int], max_us: int, *, inheritable: bool = False) -> WakeHold:
+    try:
+        fd = os.open(DMA_LATENCY, os.O_WRONLY | os.O_CLOEXEC)
+        if inheritable:  # Python's descriptors are closed on exec unless asked
+            os.set_inheritable(fd, True)
+    except OSError as exc:
+        raise HoldRefused(
+            exc.errno or errno.EIO,
+            why(exc, DMA_LATENCY) + "; a container needs the device passed in",
+        ) from None
+    try:
+        os.write(fd, struct.pack("=i", max_us))
+    except OSError as exc:
+        os.close(fd)
+        raise HoldRefused(exc.errno or errno.EIO, why(exc, DMA_LATENCY)) from None
+    return WakeHold(cpus, max_us, "dma", time.time(), fd=fd)
+
+
+def hold_for_exec(max_us: int) -> int:
+    """Hold every CPU's wake latency through ``/dev/cpu_dma_latency`` with a
+    descriptor that survives ``exec``: the program this process becomes
+    holds it, and the kernel drops it when that program exits, however it
+    exits. Returns the descriptor; :class:`HoldRefused` as
+    :func:`hold_wake_latency` refuses."""
+    max_us = _checked_us(max_us)
+    with Reader("/") as r:
+        why = _cpuidle(r)
+    if why:
+        raise HoldRefused(errno.EOPNOTSUPP, why)
+    return _hold_dma(frozenset(), max_us, inheritable=True).fd
+
+
+def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> WakeHold:
+    others = _held_elsewhere(cpus)
+    if others:
+        raise HoldRefused(errno.EBUSY, others)
+    previous: dict[int, str] = {}
+    for cpu in sorted(cpus):
+        text = r.text(SYSFS.format(cpu), 32)
+        if text is None:
+            _undo(r, previous)
+            raise HoldRefused(
+                errno.ENOENT,
+                f"CPU {cpu} exposes no power/pm_qos_resume_latency_us here (a container may "
+                f"hide it): hold every CPU through {DMA_LATENCY} instead (mechanism='dma')",
+            )
+        try:
+            parse_resume_latency(text)
+        except ValueError as exc:
+            _undo(r, previous)
+            raise HoldRefused(errno.EINVAL, f"CPU {cpu}'s resume latency: {exc}") from None
+        try:
+            r.write(SYSFS.format(cpu), format_resume_latency(max_us))
+        except OSError as exc:
+            _undo(r, previous)
+            raise HoldRefused(
+                exc.errno or errno.EIO,
+                why(exc, f"CPU {cpu}'s pm_qos_resume_latency_us")
+                + f"; or hold every CPU through {DMA_LATENCY} (mechanism='dma')",
+            ) from None
+        previous[cpu] = text.strip()
+    return WakeHold(cpus, max_us, "sysfs", time.time(), previous, root)
+
+
+def _undo(r: Reader, previous: dict[int, str]) -> None:
+    """A hold refused half way puts back what it wrote: all or nothing."""
+    for cpu, before in previous.items():
+        try:
+            r.write(SYSFS.format(cpu), before)
+        except OSError:
+            pass
+
+
+def _held_elsewhere(cpus: frozenset[int]) -> str:
+    """Why another live process's sysfs hold on one of ``cpus`` refuses
+    this one (one value a CPU: the later hold would undo the earlier at its
+    release), or empty. This process's own holds count too: releasing the
+    first of two on one CPU would end the second."""
+    for mine in holds():
+        if mine.mechanism == "sysfs" and mine.cpus & cpus:
+            return (
+                f"CPUs {format_cpulist(mine.cpus & cpus)} are held by this process already "
+                f"({mine.describe()}): release that hold first"
+            )
+    try:
+        from cpupin.registry.writer import read_registry
+
+        found = read_registry()
+    except (OSError, ValueError):
+        return ""
+    me = os.getpid()
+    for record in found.records:
+        if record.kind != "process" or not record.live or record.pid == me:
+            continue
+        for h in record.wake_holds:
+            if h.mechanism == "sysfs" and h.cpus & cpus:
+                return (
+                    f"CPUs {format_cpulist(h.cpus & cpus)} are held by pid {record.pid} "
+                    f"(since {time.strftime('%H:%M:%S', time.localtime(h.since))}): hold "
+                    "others, or let that process release them"
+                )
+    return ""
+
+
+def _publish() -> None:
+    """The holds in force, in this process's record (``ps`` shows them,
+    ``ps --prune`` puts back those of a process that died)."""
+    from cpupin.registry import writer as registry
+
+    registry.describe_process(wake_holds=[h.as_record() for h in holds()])
+
+
+def _release_all() -> None:
+    for hold in holds():
+        if hold.root == "/" or os.path.isdir(hold.root):
+            hold.release()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's holds are the parent's: a child neither releases nor
+    # records them, and closes its copy of a dma request, which would
+    # otherwise hold every CPU for as long as the child lives.
+    global _lock
+    _lock = threading.RLock()
+    for hold in _held:
+        if hold.fd >= 0:
+            try:
+                os.close(hold.fd)
+            except OSError:
+                pass
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,197 @@
+"""The vLLM plugin's decisions, pure: which process of a server this is,
+the mode asked for, the CPUs an OpenMP setting names, which threads move
+where, and what a quota leaves. Functions of what was read, so that the
+tests run them over vLLM's own settings and random hosts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "ENV_MASK",
+    "ENV_MODE",
+    "ENV_SERVER",
+    "MODES",
+    "ROLES",
+    "VLLM_SIZED",
+    "cap_lists",
+    "mode_from_env",
+    "omp_cpus",
+    "quota_cpus",
+    "role_of",
+    "threads_to_move",
+]
+
+#: The variable that chooses what the plugin does.
+ENV_MODE = "CPUPIN_VLLM"
+#: Its values; the first is the default.
+MODES = ("observe", "auto", "off")
+#: The roles, as the records name them.
+ROLES = ("vllm-api-server", "vllm-engine-core", "vllm-worker")
+#: The launcher's mask, as the API server found it, for its children (the
+#: worker's own mask is OpenMP's pin by the time the plugin loads there).
+ENV_MASK = "CPUPIN_VLLM_MASK"
+#: The API server's pid and start time (``PID-START``), for its children's
+#: records: the API server removes them at exit when vLLM killed their
+#: processes (its shutdown ends the engine core and workers with SIGKILL).
+ENV_SERVER = "CPUPIN_VLLM_SERVER"
+#: The library pool variables whose pools vLLM sizes itself.
+VLLM_SIZED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS")
+
+
+def mode_from_env(environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """The mode ``CPUPIN_VLLM`` asks for, and a warning when its value is
+    not one of :data:`MODES` (the default then applies)."""
+    value = environ.get(ENV_MODE)
+    if value is None or value.strip() == "":
+        return MODES[0], None
+    word = value.strip().lower()
+    if word in MODES:
+        return word, None
+    from cpupin.errors import excerpt
+
+    return MODES[0], (
+        f"{ENV_MODE}={excerpt(value, 24)} is not a mode: choose {', '.join(MODES)}; "
+        f"observing, the default"
+    )
+
+
+def role_of(title: str, mp_name: str, main: str, argv: list[str]) -> str | None:
+    """The role of a vLLM process from what vLLM sets: its process title
+    (``VLLM::EngineCore``, ``VLLM::Worker_TP1``; any prefix), the name of its
+    ``multiprocessing`` process (``EngineCore``, ``EngineCore_DP0``,
+    ``VllmWorker-0``), or, for the API server, the module or command that
+    runs it; ``None`` for anything else (a helper)."""
+    _, _, name = title.partition("::")
+    if name.startswith("EngineCore") or mp_name.startswith("EngineCore"):
+        return "vllm-engine-core"
+    if name.startswith("Worker") or mp_name.startswith("VllmWorker"):
+        return "vllm-worker"
+    if name.startswith("APIServer"):
+        return "vllm-api-server"
+    if mp_name != "MainProcess":
+        return None
+    if main.startswith("vllm.entrypoints"):
+        return "vllm-api-server"
+    if len(argv) >= 2 and os.path.basename(argv[0]) == "vllm" and argv[1] == "serve":
+        return "vllm-api-server"
+    return None
+
+
+def _gomp_list(text: str) -> frozenset[int]:
+    """``GOMP_CPU_AFFINITY``: CPUs or ranges (with a stride) separated by
+    spaces or commas."""
+    cpus: set[int] = set()
+    for item in text.replace(",", " ").split():
+        span, _, stride = item.partition(":")
+        first, _, last = span.partition("-")
+        lo, hi = int(first), int(last or first)
+        step = int(stride or 1)
+        if not 0 <= lo <= hi < 65536 or step < 1:
+            raise ValueError(item)
+        cpus.update(range(lo, hi + 1, step))
+    return frozenset(cpus)
+
+
+def _places(text: str) -> frozenset[int]:
+    """``OMP_PLACES`` made of explicit places: ``{0,1},{2:2}`` or ``{0}:4``
+    forms count their CPUs; abstract names (``cores``) are not CPU lists."""
+    cpus: set[int] = set()
+    body = text.replace(" ", "")
+    if not body.startswith("{"):
+        raise ValueError(text)
+    for place in body.split("}"):
+        place = place.lstrip(",").lstrip("{")
+        if not place or place.startswith(":"):
+            continue
+        for item in place.split(","):
+            start, _, length = item.partition(":")
+            lo = int(start)
+            n = int(length.partition(":")[0] or 1)
+            if not 0 <= lo < 65536 or not 1 <= n <= 65536:
+                raise ValueError(item)
+            cpus.update(range(lo, lo + n))
+    return frozenset(cpus)
+
+
+def omp_cpus(environ: Mapping[str, str]) -> tuple[frozenset[int], str] | None:
+    """The CPUs an OpenMP runtime binds its team to, from the variables vLLM
+    (or anyone) set for it: ``GOMP_CPU_AFFINITY`` (libgomp),
+    ``KMP_AFFINITY``'s ``proclist=[...]`` (Intel's), ``OMP_PLACES`` with
+    explicit CPUs; and which variable said so. ``None`` when none binds."""
+    text = environ.get("GOMP_CPU_AFFINITY")
+    if text:
+        try:
+            return _gomp_list(text), "GOMP_CPU_AFFINITY"
+        except ValueError:
+            pass
+    text = environ.get("KMP_AFFINITY", "")
+    start = text.find("proclist=[")
+    if start >= 0:
+        inner = text[start + len("proclist=[") :].partition("]")[0]
+        try:
+            return _gomp_list(inner), "KMP_AFFINITY"
+        except ValueError:
+            pass
+    text = environ.get("OMP_PLACES", "")
+    if text:
+        try:
+            return _places(text), "OMP_PLACES"
+        except ValueError:
+            pass
+    return None
+
+
+def threads_to_move(
+    threads: Iterable[tuple[int, str, frozenset[int]]],
+    *,
+    main_tid: int,
+    omp: frozenset[int],
+    reserved: frozenset[int],
+    keep_team: bool,
+) -> list[tuple[int, str]]:
+    """Which threads go to ``reserved``: each ``(tid, name, mask)`` that
+    touches the OpenMP CPUs and is not the main thread, and (``keep_team``,
+    in the worker) that carries a name of its own. OpenMP's team threads
+    keep their creator's name (the main thread's), so a thread named alike
+    may be one of them and stays; gloo, ZMQ and named Python threads go."""
+    if not reserved or not omp:
+        return []
+    main_name = next((name for tid, name, _ in threads if tid == main_tid), None)
+    out = []
+    for tid, name, mask in threads:
+        if tid == main_tid and keep_team:
+            continue
+        if not mask & omp or mask <= reserved:
+            continue
+        if keep_team and name == main_name:
+            continue
+        out.append((tid, name))
+    return out
+
+
+def cap_lists(lists: list[list[int]], reserved: int, usable: int) -> list[list[int]]:
+    """vLLM-CPU's OpenMP CPU lists (one a local rank) cut so that the teams
+    and the reserved CPUs fit the usable CPUs (a quota): each rank keeps an
+    equal share, at least one CPU, its first CPUs in vLLM's order."""
+    if not lists:
+        return lists
+    total = sum(len(cpus) for cpus in lists)
+    room = max(len(lists), usable - reserved)
+    if total <= room:
+        return lists
+    share = max(1, room // len(lists))
+    return [cpus[:share] for cpus in lists]
+
+
+def quota_cpus(mask: frozenset[int], capacity: int) -> frozenset[int]:
+    """The CPUs a server confined to its quota keeps: the ``capacity``
+    lowest of ``mask`` (the quota's CPUs, rounded up), or the whole mask
+    where the quota allows it all. A server spread over more CPUs than its
+    quota runs its processes side by side until the quota is spent, then
+    stands still for the rest of the period: every step that meets the stall
+    waits for it. Confined, they take turns instead."""
+    if capacity < 1 or capacity >= len(mask):
+        return mask
+    return frozenset(sorted(mask)[:capacity])

@@ -1,0 +1,594 @@
+"""The vLLM plugin's wiring: what it does in each process vLLM starts (see
+:mod:`cpupin.integrations.vllm` for the modes), the wrappers it puts
+around vLLM's classes, and the thread that publishes the step figures.
+Every decision is :mod:`~cpupin.integrations.vllm.decisions`'; nothing here
+ever raises into vLLM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cpupin.cpulist import format_cpulist, parse_cpulist
+from cpupin.integrations.vllm.decisions import (
+    ENV_MASK,
+    ENV_SERVER,
+    VLLM_SIZED,
+    cap_lists,
+    mode_from_env,
+    omp_cpus,
+    quota_cpus,
+    role_of,
+    threads_to_move,
+)
+
+__all__ = ["register"]
+
+#: Under vLLM's own logger, so that each decision is a line of vLLM's log
+#: (in its format, with the process's name), which it shows at INFO.
+log = logging.getLogger("vllm.cpupin")
+
+
+_started = False
+_state: dict[str, Any] = {}
+_notes: list[str] = []
+
+
+def register() -> None:
+    """The entry point vLLM calls in each process; never raises."""
+    global _started
+    if _started:
+        return
+    _started = True
+    try:
+        _register()
+    except Exception as exc:  # noqa: BLE001 - a helper never takes vLLM down
+        log.warning("cpupin: the vLLM plugin stands aside: %s", exc, exc_info=True)
+
+
+def _title() -> str:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read(256).split(b"\0")[0].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _main_module() -> str:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", "") or ""
+
+
+def _register() -> None:
+    import multiprocessing
+
+    mode, warning = mode_from_env(os.environ)
+    if warning:
+        log.warning("cpupin: %s", warning)
+    if mode == "off":
+        return
+    role = role_of(_title(), multiprocessing.current_process().name, _main_module(), sys.argv)
+    if role is None:
+        return  # a helper process: nothing to record, nothing to time
+    _state.update(mode=mode, role=role)
+    _note(f"cpupin {mode} in the {role[5:].replace('-', ' ')} (pid {os.getpid()})")
+    if role == "vllm-api-server":
+        _own_members()
+        _fit_quota(act=mode == "auto")
+        os.environ.setdefault(ENV_MASK, format_cpulist(_launcher_mask()))
+        if mode == "auto":
+            _hold_server_cpus()
+        _drop_our_pool_vars()
+        _export_metrics()
+    if role in ("vllm-engine-core", "vllm-worker"):
+        _wrap_execute_model()
+        if mode == "auto" and _on_gpus():
+            if role == "vllm-worker":
+                _wrap_init_device()
+            else:
+                _bind_to_gpu(0, "engine core")
+    if role == "vllm-engine-core":
+        _wrap_omp_manager(mode)
+    if role == "vllm-worker":
+        _start_publisher(mode)
+    _publish()
+
+
+def _note(line: str) -> None:
+    log.info("cpupin: %s", line)
+    _notes.append(line)
+    del _notes[:-16]
+
+
+def _publish(steps: list[dict[str, Any]] | None = None) -> None:
+    from cpupin.registry import writer as registry
+
+    registry.describe_process(
+        role=_state["role"], notes=_notes, steps=steps, server=_server_of(os.environ)
+    )
+
+
+def _server_of(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    pid, _, start = environ.get(ENV_SERVER, "").partition("-")
+    if pid.isdigit() and start.isdigit() and len(pid) < 8 and len(start) < 20:
+        return int(pid), int(start)
+    return None
+
+
+def _own_members() -> None:
+    """Name this API server in its children's records, and remove those
+    that vLLM's shutdown leaves behind, at exit."""
+    import atexit
+
+    from cpupin.host._proc import start_time
+    from cpupin.registry.writer import prune_members
+
+    me = (os.getpid(), start_time(os.getpid()) or 0)
+    os.environ[ENV_SERVER] = f"{me[0]}-{me[1]}"
+
+    def prune() -> None:
+        for path in prune_members(me):
+            log.debug("cpupin: removed %s, the record of a process vLLM killed", path)
+
+    atexit.register(prune)
+
+
+def _launcher_mask() -> frozenset[int]:
+    """The CPUs the launcher gave the server: the API server's
+    :data:`ENV_MASK`, else this process's mask as cpupin recorded it, else
+    the cgroup's cpuset within the online CPUs."""
+    from cpupin import _native
+    from cpupin.process.mask import process_cpus
+
+    text = os.environ.get(ENV_MASK)
+    if text:
+        try:
+            return parse_cpulist(text)
+        except ValueError:
+            pass
+    if _state.get("role") == "vllm-api-server":
+        return process_cpus()
+    from cpupin.host.cgroup import read_cgroup_cpuset
+
+    online = _native.online_cpus()
+    return (read_cgroup_cpuset("/") or online) & online
+
+
+def _fit_quota(root: str = "/", *, act: bool = True) -> None:
+    """In the API server, before any child starts: where the cgroup's quota
+    allows fewer CPUs than the mask holds, confine the server (every thread
+    of this process, and so every process it starts) to
+    :func:`quota_cpus`, so that vLLM plans its OpenMP CPUs and reserves
+    within them; ``act=False`` (observe) only says so. Never raises."""
+    from cpupin import _native
+    from cpupin.pools.limits import cpu_plan
+    from cpupin.process.mask import set_process_cpus, thread_masks
+
+    try:
+        launcher = _launcher_mask()
+        plan = cpu_plan(root=root, mask=launcher)
+        keep = quota_cpus(plan.mask, plan.capacity)
+        quota = plan.quota
+        if keep == plan.mask or quota is None:
+            return
+        if not act:
+            _note(
+                f"a quota of {quota.quota_us / quota.period_us:g} CPU over CPUs "
+                f"{format_cpulist(plan.mask)}: the server's processes run side by side until "
+                f"it is spent, then every step stalls; CPUPIN_VLLM=auto confines the server to "
+                f"CPU {format_cpulist(keep)}"
+            )
+            return
+        for st, _ in thread_masks(None):
+            try:
+                _native.set_affinity(keep, st.tid)
+            except ProcessLookupError:
+                continue
+        set_process_cpus(keep)
+    except (OSError, ValueError) as exc:
+        _note(f"server not confined to its quota: {exc}")
+        return
+    os.environ[ENV_MASK] = format_cpulist(keep)
+    _note(
+        f"server confined to CPU {format_cpulist(keep)} of {format_cpulist(plan.mask)}: its "
+        f"quota ({quota.quota_us / quota.period_us:g} CPU) would throttle processes that "
+        "run side by side; confined, they take turns"
+    )
+
+
+def _hold_server_cpus() -> None:
+    """On vLLM-CPU, where ``CPUPIN_WAKE_LATENCY_US`` asks for it: hold the
+    wake latency of the CPUs the whole server runs on (the launcher's mask,
+    after the quota fit), from the API server, for its lifetime. Every
+    handoff between the server's processes and threads then meets a CPU that
+    polls instead of one that sleeps. On CUDA hosts the mask may be the
+    whole host: there each worker's plan holds its step CPUs instead
+    (:func:`_pin_step_on_gpu`). Never raises; a refusal is a note."""
+    from cpupin.act.server import ENV_WAKE_LATENCY, wake_latency_from_env
+    from cpupin.act.wake import HoldRefused, hold_wake_latency
+
+    try:
+        bound = wake_latency_from_env(os.environ)
+    except ValueError as exc:
+        _note(f"wake latency not held: {exc}")
+        return
+    if bound is None:
+        return
+    if _on_gpus():
+        _note(f"{ENV_WAKE_LATENCY}: each GPU worker holds its step CPUs (not the whole mask)")
+        return
+    cpus = _launcher_mask()
+    try:
+        hold = hold_wake_latency(cpus, bound)
+    except (HoldRefused, ValueError) as exc:
+        _note(f"wake latency of CPU {format_cpulist(cpus)} not held: {exc}")
+        return
+    _state["wake_hold"] = hold
+    _note(
+        f"wake latency of CPU {format_cpulist(cpus)} held at {bound} µs for the server's "
+        f"lifetime ({ENV_WAKE_LATENCY}): idle CPUs poll, so no handoff waits for a wake"
+    )
+
+
+def _drop_our_pool_vars() -> None:
+    """Remove the library pool variables cpupin set (``CPUPIN_POOL_VARS``),
+    which vLLM would take for the user's: its children size those pools
+    from the CPUs it binds them to."""
+    from cpupin.pools.limits import _ours, _record_ours
+
+    mine = _ours(os.environ)
+    ours = sorted(mine & set(VLLM_SIZED))
+    for name in ours:
+        value = os.environ.pop(name, None)
+        if value is not None:
+            _note(
+                f"{name}={value} (set by cpupin) removed: vLLM sizes that pool from the CPUs "
+                "it binds, and would take the value for yours"
+            )
+    if ours:
+        _record_ours(os.environ, mine - set(ours))
+
+
+# --- timing the steps ---------------------------------------------------------
+
+
+def _wrap_execute_model() -> None:
+    """Time each ``execute_model`` of the worker (in whichever process runs
+    it: a worker, or the engine core with a one-process executor)."""
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    original = WorkerWrapperBase.execute_model
+    if getattr(original, "cpupin_wrapper", False):
+        return
+    local = threading.local()
+
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        marks = getattr(local, "marks", None)
+        if marks is None:
+            marks = local.marks = _first_step()
+        if not marks:
+            return original(self, *args, **kwargs)
+        begin, end = marks
+        begin()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            end()
+
+    execute_model.cpupin_wrapper = True  # type: ignore[attr-defined]
+    WorkerWrapperBase.execute_model = execute_model
+
+
+def _first_step() -> tuple[Callable[[], int], Callable[[], int]] | tuple[()]:
+    """The clock of the thread that runs the steps, made on its first step;
+    ``()`` when it cannot be (then steps run untimed)."""
+    from cpupin.measure.stepclock import StepClock
+
+    try:
+        clock = StepClock("execute_model", keep=1024)
+    except Exception as exc:  # noqa: BLE001
+        _note(f"steps not timed: {exc}")
+        return ()
+    _state["clock"] = clock
+    _note(f"times execute_model on tid {clock.tid} (StepClock 'execute_model')")
+    if _state.get("mode") == "auto" and _state.get("role") == "vllm-worker":
+        rank = _state.get("gpu_rank")
+        if isinstance(rank, int):
+            _pin_step_on_gpu(rank)
+        else:
+            _register_step_pin()
+    event = _state.get("wake")
+    if isinstance(event, threading.Event):
+        event.set()
+    # The marks themselves: one C call each, whose errors are the clock's
+    # to keep (a figure of a step it could not read is dropped, never raised).
+    return clock._begin, clock._end
+
+
+def _register_step_pin() -> None:
+    """Say in the record that the step thread is where vLLM bound it."""
+    from cpupin import _native
+    from cpupin.threads.thread import pin_current_thread
+
+    try:
+        pin_current_thread(_native.get_affinity(), role="step")
+    except (OSError, ValueError) as exc:
+        _note(f"step thread not registered: {exc}")
+
+
+def _pin_step_on_gpu(local_rank: int, root: str = "/") -> None:
+    """On a GPU worker, pin the step thread (this one) as
+    ``CPUPIN_STEP_THREAD_CORE`` says, within the node the worker is bound
+    to: ``auto`` places it by cpupin's rules and takes the GPU's lock, a CPU
+    number puts it there, ``off`` (the default: pinning costs throughput on
+    hosts without deep idle states) leaves it, with a note that
+    ``cpupin doctor`` says whether it pays. Never raises."""
+    from cpupin.act.server import plan_server
+    from cpupin.errors import PlanError
+    from cpupin.plan.placement import ENV_SETTING, setting_from_env
+    from cpupin.threads.thread import pin_current_thread
+
+    try:
+        setting = setting_from_env(os.environ)
+        if setting == "off":
+            _note(
+                f"step thread not pinned: {ENV_SETTING} is off (the default); "
+                "`cpupin doctor` says whether pinning pays on this host, and what to set"
+            )
+            return
+        plan = plan_server(setting, [local_rank], root=root)
+        if not plan.pinned:
+            _note(f"step thread not pinned: {plan.placement.reason}")
+            return
+        cpus = plan.placement.workers[0].cpus
+        pin_current_thread(cpus, role="step")
+    except (PlanError, OSError, ValueError) as exc:
+        _note(f"step thread not pinned: {exc}")
+        return
+    _state["server_plan"] = plan  # holds the GPU's lock while the worker lives
+    _note(
+        f"step thread pinned to CPU {format_cpulist(cpus)} for CUDA device {local_rank} "
+        f"({ENV_SETTING}={setting}): {plan.placement.reason}"
+    )
+
+
+def _start_publisher(mode: str) -> None:
+    """A thread of cpupin's own, on the launcher's CPUs (never the OpenMP
+    pin it would inherit), that puts the clock's figures in the record once
+    a second and, in ``auto``, moves new non-OpenMP threads off the OpenMP
+    CPUs."""
+    from cpupin.threads.thread import Thread
+
+    wake = _state["wake"] = threading.Event()
+    Thread(target=_publisher, args=(mode, wake), name="cpupin-vllm", daemon=True).start()
+
+
+def _publisher(mode: str, wake: threading.Event) -> None:
+    from cpupin import _native
+    from cpupin.registry.writer import step_figures
+
+    launcher = _launcher_mask()
+    where = _omp_split(launcher)
+    home = where[1] if mode == "auto" and where and where[1] else launcher
+    try:
+        _native.set_affinity(home)
+    except (OSError, ValueError):
+        pass
+    seen = -1
+    while True:
+        wake.wait(1.0)
+        wake.clear()
+        try:
+            if mode == "auto" and where:
+                _sweep(where[0], where[1], keep_team=True)
+            clock = _state.get("clock")
+            if clock is not None and clock.steps != seen:
+                seen = clock.steps
+                _publish([step_figures(clock)])
+        except Exception as exc:  # noqa: BLE001
+            log.warning("cpupin: the vLLM plugin's publisher stops: %s", exc)
+            return
+
+
+def _omp_split(launcher: frozenset[int]) -> tuple[frozenset[int], frozenset[int]] | None:
+    """This process's OpenMP CPUs and the launcher's others (the reserved)."""
+    found = omp_cpus(os.environ)
+    if found is None:
+        return None
+    omp = found[0] & launcher
+    return (omp, launcher - omp) if omp else None
+
+
+def _sweep(
+    omp: frozenset[int],
+    reserved: frozenset[int],
+    *,
+    keep_team: bool,
+    pid: int | None = None,
+) -> int:
+    """Move the threads of a process (``None``: this one) that
+    :func:`threads_to_move` names; returns how many moved."""
+    from cpupin import _native
+    from cpupin.pools.census import pool_name
+    from cpupin.process.mask import thread_masks
+
+    target = os.getpid() if pid is None else pid
+    listed = [(st.tid, st.name, mask) for st, mask in thread_masks(pid)]
+    moved = []
+    for tid, name in threads_to_move(
+        listed, main_tid=target, omp=omp, reserved=reserved, keep_team=keep_team
+    ):
+        try:
+            _native.set_affinity(reserved, tid)
+            moved.append(name)
+        except (OSError, ValueError):
+            continue  # exited meanwhile
+    if moved:
+        # One note a process, brought up to date at each sweep that moves
+        # threads (the worker's start new ones while vLLM sets up).
+        tally: dict[str, int] = _state.setdefault(f"moved {target}", {})
+        for name in moved:
+            tally[pool_name(name)] = tally.get(pool_name(name), 0) + 1
+        head = f"moved {sum(tally.values())} thread(s) of pid {target} ("
+        names = ", ".join(f"{k} {v}" for k, v in sorted(tally.items(), key=lambda kv: -kv[1]))
+        line = (
+            f"{head}{names[:160]}) off the OpenMP CPUs {format_cpulist(omp)} to "
+            f"{format_cpulist(reserved)}"
+        )
+        mine = f" thread(s) of pid {target} ("
+        _notes[:] = [n for n in _notes if not (n.startswith("moved ") and mine in n)]
+        _note(line)
+        _publish()
+    return len(moved)
+
+
+# --- GPU hosts: each worker, and the engine core, on its GPU's node ------------
+
+
+def _on_gpus() -> bool:
+    """Whether vLLM runs on CUDA GPUs here (ROCm's devices are counted by
+    another variable than CUDA_VISIBLE_DEVICES: left alone)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    is_cuda = getattr(current_platform, "is_cuda", None)
+    return bool(is_cuda()) if callable(is_cuda) else False
+
+
+def _bind_to_gpu(local_rank: int, who: str, root: str = "/") -> None:
+    """Bind this process (every thread, and its memory policy) to the NUMA
+    node of the CUDA device ``local_rank``, within the launcher's mask
+    (:func:`cpupin.bind_process`), before the worker allocates; a note says
+    where, or why not. Never raises."""
+    from cpupin.act.binding import bind_process
+
+    try:
+        binding = bind_process(local_rank, root=root)
+    except (OSError, ValueError) as exc:
+        _note(f"{who} not bound to CUDA device {local_rank}'s node: {exc}")
+        return
+    if binding.reason:
+        _note(f"{who} not moved: {binding.reason}")
+        return
+    _note(
+        f"{who} bound to CUDA device {local_rank} ({binding.device}), node {binding.node}: "
+        f"CPUs {format_cpulist(binding.cpus)}, memory {binding.memory_policy}"
+    )
+
+
+def _wrap_init_device() -> None:
+    """Bind the worker to its GPU's node just before vLLM initialises the
+    device (its local rank is known then; nothing is allocated yet)."""
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    original = WorkerWrapperBase.init_device
+    if getattr(original, "cpupin_wrapper", False):
+        return
+
+    def init_device(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rank = getattr(getattr(self, "worker", None), "local_rank", None)
+        if isinstance(rank, int):
+            _state["gpu_rank"] = rank
+            _bind_to_gpu(rank, "worker")
+            _publish()
+        return original(self, *args, **kwargs)
+
+    init_device.cpupin_wrapper = True  # type: ignore[attr-defined]
+    WorkerWrapperBase.init_device = init_device
+
+
+# --- the engine core: vLLM-CPU's OpenMP plan ---------------------------------
+
+
+def _wrap_omp_manager(mode: str) -> None:
+    """Read (and in ``auto`` cap) vLLM-CPU's OpenMP CPU lists when the
+    engine core makes them, before any worker starts."""
+    try:
+        from vllm.utils import ompmultiprocessing
+    except ImportError:
+        return  # not a build with the CPU worker's OpenMP plan
+    manager = ompmultiprocessing.OMPProcessManager
+    original = manager.__init__
+    if getattr(original, "cpupin_wrapper", False):
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            _after_omp_plan(self, mode)
+        except Exception as exc:  # noqa: BLE001
+            _note(f"vLLM's OpenMP plan left as it is: {exc}")
+
+    __init__.cpupin_wrapper = True  # type: ignore[attr-defined]
+    manager.__init__ = __init__
+
+
+def _after_omp_plan(manager: Any, mode: str) -> None:
+    lists = [list(cpus) for cpus in getattr(manager, "cpu_lists", []) or []]
+    if not lists:
+        return
+    reserved = frozenset(getattr(manager, "reserved_cpu_list", []) or [])
+    launcher = _launcher_mask()
+    omp = frozenset().union(*map(frozenset, lists))
+    if not reserved:
+        reserved = launcher - omp
+    _note(
+        f"vLLM binds OpenMP to {'; '.join(format_cpulist(frozenset(c)) for c in lists)}, "
+        f"reserves {format_cpulist(reserved) or 'no CPU'}"
+    )
+    if mode != "auto":
+        return
+    from cpupin.pools.limits import usable_cpus
+
+    usable = usable_cpus()
+    capped = cap_lists(lists, len(reserved), usable)
+    if capped != lists:
+        manager.cpu_lists = capped
+        omp = frozenset().union(*map(frozenset, capped))
+        _note(
+            f"OpenMP capped to {'; '.join(format_cpulist(frozenset(c)) for c in capped)}: "
+            f"{usable} usable CPU(s) (the quota) for the team and the reserved CPUs"
+        )
+    if not reserved:
+        _note("nothing moved: vLLM reserves no CPU beside OpenMP's")
+        return
+    _sweep(omp, reserved, keep_team=False)
+    parent = os.getppid()
+    if _parent_is_api_server(parent):
+        _sweep(omp, reserved, keep_team=False, pid=parent)
+    _publish()
+
+
+def _parent_is_api_server(pid: int) -> bool:
+    from cpupin.registry.writer import read_registry
+
+    try:
+        return any(
+            r.kind == "process" and r.live and r.pid == pid and r.role == "vllm-api-server"
+            for r in read_registry().records
+        )
+    except OSError:
+        return False
+
+
+# --- metrics through vLLM's /metrics ----------------------------------------
+
+
+def _export_metrics() -> None:
+    """Add every server process's step figures (from the records) to the
+    registry vLLM's ``/metrics`` serves (``prometheus_client``'s default;
+    with several API servers vLLM serves a multiprocess registry instead:
+    use ``cpupin ps --prometheus`` there)."""
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:
+        _note("no step metrics on /metrics: prometheus_client is not installed")
+        return
+    from cpupin.measure.metrics import ServerStepsCollector
+
+    REGISTRY.register(ServerStepsCollector(os.getpid()))

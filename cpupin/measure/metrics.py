@@ -1,0 +1,449 @@
+"""Per-thread CPU time and run-queue wait for Prometheus (``cpupin[prometheus]``).
+
+:class:`ThreadCollector` is a ``prometheus_client`` collector: register it,
+and each scrape reads every thread of the process in one native call and
+exports, per thread,
+
+- ``cpupin_thread_cpu_seconds_total``: CPU time, from ``schedstat``;
+- ``cpupin_thread_runqueue_wait_seconds_total``: time runnable but waiting for
+  a CPU (what queueing behind a pinned thread costs);
+
+both counters (Prometheus computes the rates), labelled ``pid``, ``tid``,
+``name``, ``role`` (the registered role of a deliberate pin, else empty) and
+``cpus`` (the thread's mask as a CPU list); and per process the gauges
+``cpupin_process_threads`` and ``cpupin_stray_threads`` (threads on a mask
+that is neither the process mask nor a registered pin), ``cpupin_usable_cpus``
+(what its pools may use: :func:`cpupin.pools.limits.usable_cpus`),
+``cpupin_pool_threads`` (labelled ``pool`` and ``verdict``: the census of
+:func:`cpupin.pools.census.census`), and the counters
+``cpupin_cgroup_throttled_seconds_total`` and
+``cpupin_cgroup_throttled_periods_total`` of its cgroup's quota (absent
+without one). For this process, each :class:`cpupin.StepClock` adds the
+histogram ``cpupin_step_wait_seconds`` (run-queue wait a step, labelled
+``clock``) and the counters ``cpupin_step_seconds_total`` and
+``cpupin_step_throttled_seconds_total``. ``tid`` is the only label of high
+cardinality. :class:`ProcessesCollector` exports the same
+families for many processes at once (``cpupin ps --prometheus``): each
+family once, every process's samples under it, as the exposition format
+requires. ``prometheus_client`` is imported only when a collector is made.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from cpupin.cpulist import format_cpulist
+from cpupin.host._sysfs import Reader
+from cpupin.host.cgroup import Quota
+from cpupin.host.numa_memory import memory_by_node
+from cpupin.host.throttle import read_cpu_stat
+from cpupin.measure.sampling import process_mask_of
+from cpupin.pools.census import census
+from cpupin.process.mask import process_cpus, thread_masks
+from cpupin.registry.writer import Record, Registry, read_registry
+from cpupin.threads.thread import pinned_roles
+
+__all__ = ["ProcessesCollector", "ServerStepsCollector", "ThreadCollector"]
+
+_LABELS = ["pid", "tid", "name", "role", "cpus"]
+
+
+def _require() -> None:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "cpupin.metrics needs prometheus_client: pip install 'cpupin[prometheus]'"
+        ) from None
+
+
+#: The families a collection fills for every process, by the key it fills
+#: them under: (key, kind, name, help, labels), in the order they are given.
+_FAMILIES = (
+    ("cpu", "counter", "cpupin_thread_cpu_seconds", "CPU time of a thread (schedstat)", _LABELS),
+    (
+        "wait",
+        "counter",
+        "cpupin_thread_runqueue_wait_seconds",
+        "Time a thread was runnable but waited for a CPU (schedstat)",
+        _LABELS,
+    ),
+    ("count", "gauge", "cpupin_process_threads", "Threads of the process", ["pid"]),
+    (
+        "strays",
+        "gauge",
+        "cpupin_stray_threads",
+        "Threads on a mask that is neither the process mask nor a registered pin",
+        ["pid"],
+    ),
+    (
+        "usable",
+        "gauge",
+        "cpupin_usable_cpus",
+        "CPUs the process's pools may use: mask and cpuset, under the quota, less pinned CPUs",
+        ["pid"],
+    ),
+    (
+        "pool",
+        "gauge",
+        "cpupin_pool_threads",
+        "Threads of a pool (threads of one name, or a library's configured pool)",
+        ["pid", "pool", "kind", "verdict"],
+    ),
+    (
+        "throttled",
+        "counter",
+        "cpupin_cgroup_throttled_seconds",
+        "Time the process's cgroup was held back by its CPU quota (cpu.stat)",
+        ["pid"],
+    ),
+    (
+        "periods",
+        "counter",
+        "cpupin_cgroup_throttled_periods",
+        "Quota periods in which the process's cgroup ran out of quota (cpu.stat)",
+        ["pid"],
+    ),
+    (
+        "held",
+        "gauge",
+        "cpupin_wake_latency_hold_microseconds",
+        "A wake-latency hold in force: the most µs a wake of its CPUs may take (0: they poll)",
+        ["pid", "cpus", "mechanism"],
+    ),
+    (
+        "held_since",
+        "gauge",
+        "cpupin_wake_latency_hold_since_seconds",
+        "When a wake-latency hold in force was taken (Unix time)",
+        ["pid", "cpus", "mechanism"],
+    ),
+    (
+        "drift",
+        "counter",
+        "cpupin_pin_drift",
+        "Times a pinned thread was found off its pin (cpupin.check_pins, guard_pins)",
+        ["pid"],
+    ),
+    (
+        "memory",
+        "gauge",
+        "cpupin_process_memory_bytes",
+        "Resident memory of the process on a NUMA node (numa_maps)",
+        ["pid", "node"],
+    ),
+    (
+        "remote",
+        "gauge",
+        "cpupin_process_memory_remote_bytes",
+        "Resident memory of the process on nodes none of its CPUs belong to",
+        ["pid"],
+    ),
+)
+
+#: The families given only when memory by node is asked for.
+_MEMORY_FAMILIES = ("memory", "remote")
+
+
+def _families() -> dict[str, Any]:
+    """A new family of each of :data:`_FAMILIES`, by its key."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
+    return {
+        key: kinds[kind](name, text, labels=labels) for key, kind, name, text, labels in _FAMILIES
+    }
+
+
+def _collect(
+    pids: Iterable[int | None], registry: Registry | None, skip_gone: bool, memory_too: bool
+) -> Iterator[Any]:
+    """Every family, each once, with the samples of every process in
+    ``pids`` (``None``: this one): one that has exited is left out with
+    ``skip_gone``, else raises ``ProcessLookupError``."""
+    families = _families()
+    steps = _step_families()
+    for target in pids:
+        try:
+            threads = thread_masks(target)
+        except (OSError, ValueError):
+            if skip_gone:
+                continue  # exited since it was listed
+            raise
+        if not _is_own(target) and registry is None:
+            registry = read_registry()  # once, for every other process
+        _collect_process(target, threads, registry, families, steps, memory_too)
+    for key, *_ in _FAMILIES:
+        if memory_too or key not in _MEMORY_FAMILIES:
+            yield families[key]
+    yield from steps
+
+
+def _is_own(target: int | None) -> bool:
+    return target is None or target == os.getpid()
+
+
+def _collect_process(
+    target: int | None,
+    threads: list[Any],
+    registry: Registry | None,
+    families: dict[str, Any],
+    steps: tuple[Any, Any, Any, Any],
+    memory_too: bool,
+) -> None:
+    """One process's samples, added to ``families`` and ``steps``."""
+    pid = str(os.getpid() if target is None else target)
+    if _is_own(target):
+        roles, mask = pinned_roles(), process_cpus()
+    else:
+        found = registry if registry is not None else read_registry()
+        roles = {p.tid: (p.role, p.cpus) for p in found.pins_of(target or 0)}
+        mask, _ = process_mask_of(target or 0, [m for _, m in threads])
+    quota = _pools(target, threads, roles, pid, families["usable"], families["pool"])
+    _throttling(quota, pid, families["throttled"], families["periods"])
+    _holds_and_steps(target, pid, registry, families, steps)
+    if memory_too:
+        _memory(target, mask, pid, families["memory"], families["remote"])
+    _threads(threads, roles, mask, pid, families)
+
+
+def _holds_and_steps(
+    target: int | None,
+    pid: str,
+    registry: Registry | None,
+    families: dict[str, Any],
+    steps: tuple[Any, Any, Any, Any],
+) -> None:
+    """The wake-latency holds in force, the pins' drift and the step
+    clocks: this process's as it keeps them, another's as its records say."""
+    step_wait, step_wall, step_throttled, info = steps
+    if _is_own(target):
+        _steps(pid, step_wait, step_wall, step_throttled)
+        from cpupin.act.wake import holds
+        from cpupin.threads.guard import drift_total
+
+        in_force = [(h.mechanism, h.cpus, h.max_us, h.since) for h in holds()]
+        families["drift"].add_metric([pid], drift_total())
+    else:
+        in_force = []
+        drifted = 0
+        for record in _records_of(registry, target or 0):
+            _record_steps(record, step_wait, step_wall, step_throttled, info)
+            in_force += [(h.mechanism, h.cpus, h.max_us, h.since) for h in record.wake_holds]
+            drifted += record.pin_drift[0]
+        families["drift"].add_metric([pid], drifted)
+    for mechanism, cpus, max_us, since in in_force:
+        labels = [pid, format_cpulist(cpus), mechanism]
+        families["held"].add_metric(labels, max_us)
+        families["held_since"].add_metric(labels, since)
+
+
+def _memory(target: int | None, mask: frozenset[int], pid: str, memory: Any, remote: Any) -> None:
+    """The process's resident memory by node, where it can be read."""
+    try:
+        where = memory_by_node(target, mask=mask)
+    except OSError:
+        return
+    for node, size in sorted(where.by_node.items()):
+        memory.add_metric([pid, str(node)], size)
+    remote.add_metric([pid], where.remote)
+
+
+def _threads(
+    threads: list[Any],
+    roles: dict[int, tuple[str, frozenset[int]]],
+    mask: frozenset[int],
+    pid: str,
+    families: dict[str, Any],
+) -> None:
+    """Each thread's CPU time and run-queue wait, and the process's counts."""
+    stray = 0
+    for st, cpus in threads:
+        role, pinned = roles.get(st.tid, ("", frozenset()))
+        if cpus != mask and cpus != pinned:
+            stray += 1
+        values = [pid, str(st.tid), st.name, role if cpus == pinned else "", format_cpulist(cpus)]
+        families["cpu"].add_metric(values, st.run_ns / 1e9)
+        families["wait"].add_metric(values, st.wait_ns / 1e9)
+    families["count"].add_metric([pid], len(threads))
+    families["strays"].add_metric([pid], stray)
+
+
+def _step_families() -> tuple[Any, Any, Any, Any]:
+    """The step clocks' families, and the role's, each once a collection."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+
+    return (
+        HistogramMetricFamily(
+            "cpupin_step_wait_seconds",
+            "Run-queue wait of the step thread during each step (cpupin.StepClock)",
+            labels=["pid", "clock"],
+        ),
+        CounterMetricFamily(
+            "cpupin_step_seconds",
+            "Wall time of the steps (cpupin.StepClock)",
+            labels=["pid", "clock"],
+        ),
+        CounterMetricFamily(
+            "cpupin_step_throttled_seconds",
+            "Time the cgroup was throttled during steps (cpupin.StepClock)",
+            labels=["pid", "clock"],
+        ),
+        GaugeMetricFamily(
+            "cpupin_process_role",
+            "The role a process gives itself in its record (1 for each process that names one)",
+            labels=["pid", "role"],
+        ),
+    )
+
+
+def _records_of(registry: Registry | None, pid: int) -> list[Record]:
+    if registry is None:
+        return []
+    return [r for r in registry.records if r.kind == "process" and r.live and r.pid == pid]
+
+
+def _record_steps(
+    record: Record, step_wait: Any, step_wall: Any, step_throttled: Any, info: Any
+) -> None:
+    """Another process's step figures, as its record carries them."""
+    from cpupin.measure.stepclock import BUCKETS_S
+
+    pid = str(record.pid)
+    if record.role:
+        info.add_metric([pid, record.role], 1)
+    for fig in record.steps:
+        counts = fig["counts"]
+        assert isinstance(counts, list)
+        buckets, running = [], 0
+        for bound, n in zip([*BUCKETS_S, None], counts):
+            running += n
+            buckets.append(("+Inf" if bound is None else repr(bound), running))
+        clock = str(fig["clock"])
+        step_wait.add_metric([pid, clock], buckets, fig["wait_s"])
+        step_wall.add_metric([pid, clock], fig["wall_s"])
+        step_throttled.add_metric([pid, clock], fig["throttled_s"])
+
+
+def _ancestors(pid: int, depth: int = 16) -> list[int]:
+    """A process's parent, grandparent, ... (at most ``depth``)."""
+    out = []
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                text = f.read(4096)
+        except OSError:
+            break
+        fields = text[text.rfind(b")") + 2 :].split()
+        if len(fields) < 2 or not fields[1].isdigit():
+            break
+        pid = int(fields[1])
+        if pid <= 1:
+            break
+        out.append(pid)
+    return out
+
+
+class ServerStepsCollector:
+    """Exports the step figures and roles that the records of ``pid`` and
+    of its descendants carry (a vLLM server's API server, engine core and
+    workers), read at each scrape: what the vLLM plugin adds to vLLM's own
+    ``/metrics``. Cheap: one read of the lock directory a scrape."""
+
+    def __init__(self, pid: int, lock_dir: str | None = None) -> None:
+        _require()
+        self.pid = pid
+        self.lock_dir = lock_dir
+
+    def collect(self) -> Iterator[Any]:
+        step_wait, step_wall, step_throttled, info = _step_families()
+        registry = read_registry(self.lock_dir)
+        for record in sorted(registry.records, key=lambda r: r.pid):
+            if record.kind != "process" or not record.live:
+                continue
+            if record.pid == self.pid or self.pid in _ancestors(record.pid):
+                _record_steps(record, step_wait, step_wall, step_throttled, info)
+        yield from (step_wait, step_wall, step_throttled, info)
+
+
+def _pools(
+    target: int | None,
+    threads: list[Any],
+    roles: dict[int, tuple[str, frozenset[int]]],
+    pid: str,
+    usable: Any,
+    pool: Any,
+) -> Quota | None:
+    """The census's samples; returns the quota its plan read (for the
+    throttling counters, so that the cgroup is read once a process)."""
+    try:
+        found = census(target, threads=threads, pins={t: c for t, (_, c) in roles.items()})
+    except (OSError, ValueError):
+        return None  # exited meanwhile
+    usable.add_metric([pid], found.usable_cpus)
+    for p in found.pools:
+        pool.add_metric([pid, p.name, p.kind, p.verdict], p.threads)
+    return found.plan.quota
+
+
+def _throttling(quota: Quota | None, pid: str, throttled: Any, periods: Any) -> None:
+    with Reader("/") as r:
+        stat = read_cpu_stat(r, quota)
+    if stat is not None:
+        throttled.add_metric([pid], stat.throttled_ns / 1e9)
+        periods.add_metric([pid], stat.throttled_periods)
+
+
+def _steps(pid: str, step_wait: Any, step_wall: Any, step_throttled: Any) -> None:
+    from cpupin.measure.stepclock import clocks
+
+    for clock in clocks():
+        buckets, total = clock.histogram()
+        step_wait.add_metric([pid, clock.name], buckets, total)
+        step_wall.add_metric([pid, clock.name], clock.wall_sum_ns / 1e9)
+        step_throttled.add_metric([pid, clock.name], clock.throttled_sum_ns / 1e9)
+
+
+class ThreadCollector:
+    """Exports the threads of ``pid`` (``None``: this process).
+
+    For this process the deliberate pins are known exactly; for another they
+    come from its record in the lock directory (``registry``, read at each
+    scrape when not given). ``memory=True`` adds where its memory lies
+    (``cpupin_process_memory_bytes``, ``..._remote_bytes``): reading
+    ``numa_maps`` walks the process's page tables under its memory map's
+    lock, which a process of hundreds of GiB pays for at each scrape, so
+    it is asked for, not given.
+    """
+
+    def __init__(
+        self, pid: int | None = None, registry: Registry | None = None, *, memory: bool = False
+    ) -> None:
+        _require()
+        self.pid = pid
+        self.registry = registry
+        self.memory = memory
+
+    def collect(self) -> Iterator[Any]:
+        yield from _collect([self.pid], self.registry, skip_gone=False, memory_too=self.memory)
+
+
+class ProcessesCollector:
+    """Exports the threads of every live process with a record in
+    ``registry``: one family each, all processes' samples under it; a
+    process that exits meanwhile is left out."""
+
+    def __init__(self, registry: Registry, *, memory: bool = False) -> None:
+        _require()
+        self.registry = registry
+        self.memory = memory
+
+    def collect(self) -> Iterator[Any]:
+        pids = sorted({r.pid for r in self.registry.records if r.kind == "process" and r.live})
+        yield from _collect(pids, self.registry, skip_gone=True, memory_too=self.memory)

@@ -1,0 +1,165 @@
+"""The process mask: the CPUs this process may use as a whole.
+
+A thread's own mask changes when it is pinned; the process mask does not. It
+is recorded once, at import, from the main thread (whose tid is the pid), so
+that importing cpupin from a thread that is already pinned, or pinning any
+thread later, never changes it. A child started with :func:`cpupin.child_env`
+takes it from ``CPUPIN_PROCESS_CPUS`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from cpupin import _native
+from cpupin.cpulist import cpus_phrase, format_cpulist, parse_cpulist
+from cpupin.errors import excerpt
+from cpupin.host._proc import start_time
+
+
+def _log() -> Any:
+    import logging  # on the rare paths that log: importing it costs 4 ms
+
+    return logging.getLogger("cpupin")
+
+
+__all__ = [
+    "ENV_PROCESS_CPUS",
+    "own_pinned_cpus",
+    "own_pins",
+    "process_cpus",
+    "set_process_cpus",
+    "start_time",
+    "thread_masks",
+]
+
+_lock = threading.Lock()
+
+
+def _record() -> frozenset[int] | None:
+    if not _native.HAVE_AFFINITY:
+        return None
+    try:
+        return _native.get_affinity(os.getpid())
+    except OSError:
+        # The main thread has exited (a zombie leader): the caller's mask.
+        return _native.get_affinity(0)
+
+
+#: The environment variable that carries the process mask to a child.
+ENV_PROCESS_CPUS = "CPUPIN_PROCESS_CPUS"
+
+
+def _inherit() -> frozenset[int] | None:
+    """The mask a parent passed in ``CPUPIN_PROCESS_CPUS``, when it applies.
+
+    It never widens the mask a launcher gave: it applies when the main
+    thread's mask is that mask already, or when the main thread's mask is
+    exactly a pin that the parent process registered (a child started from
+    a pinned thread inherits the pin, and would otherwise take it for its
+    whole mask): the main thread then moves to it. A mask set by
+    ``taskset``, ``numactl``, a container or a scheduler wins; the variable
+    is then set aside, with a note at debug level."""
+    text = os.environ.get(ENV_PROCESS_CPUS)
+    if text is None or not _native.HAVE_AFFINITY:
+        return None
+    try:
+        cpus = parse_cpulist(text)
+        current = _native.get_affinity(os.getpid())
+    except (ValueError, OSError) as exc:
+        _log().warning("cpupin: %s=%s not used: %s", ENV_PROCESS_CPUS, excerpt(text), exc)
+        return None
+    if current == cpus:
+        return cpus
+    from cpupin.registry import writer as registry
+
+    if not (current < cpus and registry.parent_pinned_to(current)):
+        _log().debug(
+            "cpupin: %s=%s set aside: this process was started on CPU %s, which is not a pin "
+            "of its parent's; the launcher's mask wins",
+            ENV_PROCESS_CPUS,
+            excerpt(text),
+            format_cpulist(current),
+        )
+        return None
+    try:
+        _native.set_affinity(cpus, os.getpid())
+    except (ValueError, OSError) as exc:
+        _log().warning("cpupin: %s=%s not used: %s", ENV_PROCESS_CPUS, excerpt(text), exc)
+        return None
+    return cpus
+
+
+_process_cpus: frozenset[int] | None = _inherit() or _record()
+
+
+# This process's registered pins (tid to CPUs): cpupin.threads.thread, which keeps
+# them, installs its reader here, so that the modules that size pools read
+# them without importing it (it imports them).
+_own_pins: Callable[[], Mapping[int, frozenset[int]]] = dict
+
+
+def own_pins() -> dict[int, frozenset[int]]:
+    """This process's registered pins: each pinned thread's tid to its CPUs."""
+    return dict(_own_pins())
+
+
+def own_pinned_cpus() -> frozenset[int]:
+    """The CPUs this process's registered pins hold."""
+    return frozenset().union(*_own_pins().values())
+
+
+def process_cpus() -> frozenset[int]:
+    """The CPUs this process may use as a whole (recorded at import).
+
+    New threads started through cpupin return here; plans and pools are
+    sized from it. :func:`set_process_cpus` overrides it.
+    """
+    cpus = _process_cpus
+    if cpus is None:
+        raise _native.UnsupportedPlatform("process_cpus()")
+    return cpus
+
+
+def set_process_cpus(cpus: Iterable[int] | str) -> frozenset[int]:
+    """Override the recorded process mask, for a runtime that knows better.
+
+    Takes CPU numbers or a list such as ``"0-15"``; each must be online.
+    Affects what cpupin treats as the whole process, not any thread's mask.
+    The process's record says so, so that ``cpupin threads`` and ``audit``
+    see the same mask from outside. Returns the new mask.
+    """
+    wanted = _native.cpu_set(cpus)
+    if not wanted:
+        raise ValueError("an empty process mask: give at least one online CPU")
+    online = _native.online_cpus(refresh=True)
+    if not wanted <= online:
+        raise ValueError(
+            f"{cpus_phrase(wanted - online, 'is')} not online: the online CPUs are "
+            f"{format_cpulist(online)}"
+        )
+    global _process_cpus
+    with _lock:
+        _process_cpus = wanted
+    from cpupin.registry.writer import describe_process
+
+    describe_process(mask=wanted)  # so that the outside view agrees
+    return wanted
+
+
+def thread_masks(
+    pid: int | None = None, *, last_cpu: bool = False
+) -> list[tuple[_native.ThreadStat, frozenset[int]]]:
+    """Every thread of a process (``None``: this one) with its CPU mask, in
+    tid order. A thread that exits between the two reads is left out
+    (``ProcessLookupError`` for it alone); any other error is raised."""
+    out = []
+    for st in _native.thread_stats(pid, last_cpu=last_cpu):
+        try:
+            out.append((st, _native.get_affinity(st.tid)))
+        except ProcessLookupError:
+            continue
+    return out

@@ -1,0 +1,214 @@
+"""The record format of the host's registry, shared by its writer
+(:mod:`cpupin.registry.writer`) and its reader (:mod:`cpupin.registry.reader`): the
+lock directory, a record's bytes (JSON with a CRC-32, in a fixed slot), its
+names and its limits."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import zlib
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from cpupin.cpulist import format_cpulist
+from cpupin.errors import printable
+from cpupin.host._proc import START_CWD
+
+#: The upper bounds (seconds) of a step clock's wait histogram, as Prometheus
+#: buckets: a record holds one count a bucket and one above.
+BUCKETS_S = (
+    0.000_005,
+    0.000_01,
+    0.000_025,
+    0.000_05,
+    0.000_1,
+    0.000_25,
+    0.000_5,
+    0.001,
+    0.002_5,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+)
+#: The record format's version.
+VERSION = 1
+#: The bytes a lock file's record occupies (one page: one pwrite).
+SLOT = 4096
+#: The most bytes read of any record file.
+MAX_SIZE = 64 * 1024
+#: The environment variable naming the shared lock directory.
+ENV_LOCK_DIR = "CPUPIN_LOCK_DIR"
+#: Where the kernel lists every file lock.
+PROC_LOCKS = "/proc/locks"
+#: The most pins one process record lists.
+MAX_PINS = 4096
+#: The longest thread name or role a record keeps (longer ones are cut).
+MAX_NAME = 64
+#: The most record files one read opens; past this they are counted.
+MAX_RECORDS = 4096
+#: The most stale records and ignored files a read lists; past this, counted.
+MAX_LISTED = 200
+#: The most pools a process record names, and thread ids in all of them.
+MAX_POOLS = 32
+MAX_POOL_TIDS = 512
+#: The most wake-latency holds a process record carries.
+MAX_HOLDS = 16
+
+
+def lock_dir(directory: str | os.PathLike[str] | None = None) -> str:
+    """The shared lock directory: ``directory``, else ``$CPUPIN_LOCK_DIR``
+    (a relative one taken from the working directory the process had when
+    it imported cpupin), else ``/tmp``. The locks, the servers' records and
+    the pin records all live there."""
+    if directory is not None:
+        return os.fspath(directory)
+    value = os.environ.get(ENV_LOCK_DIR) or "/tmp"
+    if not os.path.isabs(value):
+        value = os.path.normpath(os.path.join(START_CWD, value))
+    return value
+
+
+# --- the record format ------------------------------------------------------
+
+
+def encode(record: Mapping[str, object], size: int | None = SLOT) -> bytes:
+    """A record as bytes: its JSON, a line with the JSON's CRC-32, and (with
+    ``size``) spaces up to that size. :class:`ValueError` when it does not
+    fit."""
+    return frame(json.dumps(record, sort_keys=True, separators=(",", ":")).encode(), size)
+
+
+def frame(body: bytes, size: int | None = None) -> bytes:
+    """A record's JSON ``body`` framed as :func:`decode` reads it: a line
+    with its CRC-32 after it, and (with ``size``) spaces up to that size."""
+    data = body + b"\n" + f"crc32={zlib.crc32(body):08x}\n".encode()
+    if size is None:
+        return data
+    if len(data) > size:
+        raise ValueError(f"a record of {len(data)} bytes does not fit in {size}")
+    return data.ljust(size, b" ")
+
+
+#: The keys whose values are CPU lists: written as ranges (``"0-999"``)
+#: when a record would outgrow one slot; a reader takes either form.
+CPU_KEYS = frozenset({"cpus", "process_mask"})
+
+
+def compact(value: object) -> object:
+    """``value`` with every CPU list (under :data:`CPU_KEYS`) as ranges."""
+    if isinstance(value, dict):
+        return {
+            k: format_cpulist(v)
+            if k in CPU_KEYS and isinstance(v, (list, tuple, frozenset, set))
+            else compact(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    return value
+
+
+def fit(record: Mapping[str, object]) -> bytes:
+    """A record framed in as few :data:`SLOT`-byte slots as hold it: as
+    :func:`encode` gives it where it fits one slot, else with its CPU lists
+    as ranges (a process mask of 1,000 CPUs is then ``"0-999"``, not 4 KiB
+    of numbers). :class:`ValueError` past :data:`MAX_SIZE`, the most a
+    reader reads, so that the writer never writes what readers refuse."""
+    data = encode(record, None)
+    if len(data) > SLOT:
+        data = frame(
+            json.dumps(
+                compact(dict(record)), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            ).encode()
+        )
+    if len(data) > MAX_SIZE:
+        raise ValueError(
+            f"a record of {len(data)} bytes is larger than {MAX_SIZE}, the most a reader reads"
+        )
+    return data.ljust(-(-len(data) // SLOT) * SLOT, b" ")
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number out of range")
+    return value
+
+
+def _small_int(text: str) -> int:
+    if len(text) > 20:
+        raise ValueError("a number of more than 20 digits")
+    return int(text)
+
+
+def decode(raw: bytes) -> dict[str, object]:
+    """The record in ``raw``, checked; :class:`ValueError` with a short
+    reason for anything else (torn, foreign, malformed). Strict JSON only:
+    no NaN or Infinity, no number of more than 20 digits, no nesting deep
+    enough to exhaust the parser; nothing in ``raw`` raises anything else."""
+    text = raw.rstrip(b" \n\0")
+    body, _, check = text.rpartition(b"\n")
+    if not check.startswith(b"crc32=") or not body:
+        raise ValueError("no record (an empty or foreign file)")
+    try:
+        crc = int(check[6:14], 16)
+    except ValueError:
+        raise ValueError("a bad checksum line") from None
+    if zlib.crc32(body) != crc:
+        raise ValueError("the checksum does not match (torn or edited)")
+    try:
+        record = json.loads(
+            body, parse_constant=_no_constant, parse_float=_finite, parse_int=_small_int
+        )
+    except (ValueError, RecursionError):
+        raise ValueError("not JSON (or numbers out of range, or nested too deep)") from None
+    if not isinstance(record, dict) or type(record.get("version")) is not int:
+        raise ValueError(f"not a version-{VERSION} record")
+    if record["version"] != VERSION:
+        raise ValueError(f"not a version-{VERSION} record")
+    return record
+
+
+class Pinned(NamedTuple):
+    """One registered pin of a process."""
+
+    tid: int
+    name: str
+    cpus: frozenset[int]
+    role: str
+
+
+def open_lock_dir(where: str) -> int:
+    """The lock directory, opened as a directory without following a
+    symbolic link in its last component (as :func:`cpupin.claim_gpus` opens
+    it); ``OSError`` with a sentence otherwise."""
+    try:
+        return os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(where):
+            raise OSError(
+                exc.errno,
+                f"the lock directory {printable(where, 120)} is a symbolic link: name the "
+                "directory it points to",
+            ) from None
+        raise OSError(
+            exc.errno,
+            f"cannot open the lock directory {printable(where, 120)}: {exc.strerror}",
+        ) from None
+
+
+def _names(pid: int, started: int) -> list[str]:
+    """The names this process's record may take: its own, then a few
+    others for when another user squats the first (readers accept each)."""
+    base = f"cpupin-proc-{pid}-{started}"
+    return [f"{base}.json", *(f"{base}-{i}.json" for i in range(1, 4))]

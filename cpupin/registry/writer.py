@@ -1,0 +1,625 @@
+"""The host's registry of pins: records in the lock directory.
+
+The lock directory is already where every server on a host meets, so it is
+also where each one says what it pinned, with no daemon:
+
+- **a server's record** lives in each GPU lock file it holds: after the lock
+  is taken (and the path checked to name the locked inode), the server writes
+  its pid, start time, uid, setting, devices, each worker's step CPUs, the
+  result CPU and its process mask. The record fills a fixed slot of
+  :data:`SLOT` bytes written with one ``pwrite`` (the file keeps that size:
+  never truncated to zero, never unlinked), and ends with a CRC-32 of its
+  JSON, so a reader that races a writer sees a bad checksum, never a torn
+  record that parses.
+- **a process's record** (``cpupin-proc-<pid>-<start>.json``) lists the
+  threads it pinned on purpose: tid, name, CPUs and role (``step``,
+  ``result``, or the runtime's word). Like a server's, it is a fixed slot
+  with a CRC-32, written with one ``pwrite`` to a file kept open whenever a
+  pin is made or released (a new file renamed into place when it is made or
+  outgrows its slot), and removed at exit.
+
+Reading lives in :mod:`cpupin.registry.reader`, imported on first use (its
+names are reachable from here). Everything read is hostile
+(:func:`read_registry` says how): only
+names of these shapes are looked at; a record of a process that has exited
+is stale from its name alone and never opened; a live one is opened
+read-only, non-blocking, without following a symlink, a regular file of one
+link and at most :data:`MAX_SIZE` bytes, and parsed (strict JSON, every
+field checked) only when its owner is the uid its process runs as. A record
+is **live** only while its process exists with the same start time (a pid
+is reused) and, for a lock record, while ``/proc/locks`` shows that pid's
+exclusive ``flock`` on that file's inode. A reader never takes the lock
+itself: even a shared lock held for an instant would make a server that
+starts at that moment stand aside.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import json
+import os
+import resource
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from cpupin.cpulist import format_cpulist
+from cpupin.errors import printable
+from cpupin.host._proc import start_time
+from cpupin.registry._record import (
+    ENV_LOCK_DIR,
+    MAX_HOLDS,
+    MAX_LISTED,
+    MAX_NAME,
+    MAX_PINS,
+    MAX_RECORDS,
+    MAX_SIZE,
+    PROC_LOCKS,
+    SLOT,
+    VERSION,
+    Pinned,
+    _names,
+    compact,
+    decode,
+    encode,
+    fit,
+    frame,
+    lock_dir,
+    open_lock_dir,
+)
+
+if TYPE_CHECKING:
+    from cpupin.registry.reader import (
+        Record,
+        Registry,
+        parent_pinned_to,
+        prune,
+        prune_members,
+        read_registry,
+    )
+
+# The format's names are this module's too (cpupin.registry._record holds them so
+# that the reader does not import the writer).
+__all__ = [
+    "ENV_LOCK_DIR",
+    "MAX_LISTED",
+    "MAX_NAME",
+    "MAX_PINS",
+    "MAX_RECORDS",
+    "MAX_SIZE",
+    "PROC_LOCKS",
+    "SLOT",
+    "VERSION",
+    "Pinned",
+    "Record",
+    "Registry",
+    "parent_pinned_to",
+    "decode",
+    "encode",
+    "fit",
+    "lock_dir",
+    "open_lock_dir",
+    "prune",
+    "prune_members",
+    "read_registry",
+    "add_note",
+    "describe_process",
+    "register_pins",
+    "step_figures",
+]
+
+# --- this process's record --------------------------------------------------
+
+# One lock for the record, re-entrant: a signal handler that releases a pin
+# runs in the thread it interrupted, which may be inside register_pins.
+_lock = threading.RLock()
+# Where this process's record is (directory, name), when it has one.
+_written: tuple[str, str] | None = None
+# The record file, kept open for its pwrites, the size of its slot, and its
+# device and inode: a runtime that daemonizes or calls os.closerange() closes
+# the descriptor, and the number then names whatever it opens next, so it is
+# trusted only while it still names this file.
+_fd = -1
+_slot = 0
+_fd_id: tuple[int, int] | None = None
+# This process's pid, start time and uid, read once (a forked child reads its own).
+_me: tuple[int, int, int] | None = None
+# Set at exit: threads still pinning (daemons) write no record afterwards.
+_closed = False
+# The lock directories already warned about, so that each says why once.
+_warned: set[str] = set()
+# Each pin's JSON, made once (a record is these joined), plain and compact.
+_fragments: dict[tuple[Pinned, bool], str] = {}
+#: ``CPUPIN_REGISTRY=0`` keeps this process from writing its record.
+_disabled = os.environ.get("CPUPIN_REGISTRY") == "0"
+# The pins last registered, and what the process says of itself beside them
+# (its role, its step clocks' figures, its notes): a record carries both.
+_pins: list[Pinned] = []
+_about: dict[str, Any] = {}
+#: The most notes a record keeps, and the longest one.
+MAX_NOTES = 16
+MAX_NOTE = 240
+#: The most step clocks a record carries.
+MAX_CLOCKS = 8
+
+
+def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+    """Every byte of ``data`` (at ``offset``, with pwrite), or ``OSError``
+    (a full disk writes short)."""
+    view = memoryview(data)
+    at = offset
+    while view:
+        n = os.write(fd, view) if at is None else os.pwrite(fd, view, at)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+        if at is not None:
+            at += n
+
+
+def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
+    """Write this process's record of its deliberate pins (all of them; none
+    left is a record with no pins, kept until exit).
+
+    The record is a fixed slot (:data:`SLOT` bytes, doubled as it needs)
+    written with one ``pwrite`` to a file kept open, and ends with the CRC-32
+    of its JSON, like a server's record: a reader that races a write sees a
+    bad checksum and reads again, never a torn record that parses. The file
+    is made (and remade, when a record outgrows its slot or someone removed
+    it) as a new file renamed into place, in the lock directory opened
+    without following a symbolic link; a name another user squats is passed
+    over for the next of :func:`_names`. Best effort: a directory that
+    cannot take the record logs why once, at warning level, and the pins
+    stand."""
+    with _lock:
+        _pins[:] = sorted(pins)
+        _write(directory)
+
+
+def describe_process(
+    *,
+    role: str | None = None,
+    notes: Iterable[str] | None = None,
+    steps: Iterable[dict[str, Any]] | None = None,
+    server: tuple[int, int] | None = None,
+    mask: Iterable[int] | None = None,
+    wake_holds: Iterable[dict[str, Any]] | None = None,
+    pin_drift: dict[str, Any] | None = None,
+    directory: str | None = None,
+) -> None:
+    """Say in this process's record what it is beside its pins: its
+    ``role`` (a short word, such as ``vllm-worker``), ``notes`` (one line for
+    each decision made for it, with why; at most :data:`MAX_NOTES`), its
+    step clocks' figures (``steps``: :func:`step_figures` of each clock) and
+    the ``server`` it belongs to (the pid and start time of the process that
+    prunes its record should it be killed: :func:`prune_members`), and its
+    process ``mask`` where cpupin changed it (:func:`cpupin.bind_process`,
+    :func:`cpupin.set_process_cpus`): the outside view takes it over the
+    ``CPUPIN_PROCESS_CPUS`` the process started with. ``wake_holds``: the
+    wake-latency holds in force (:func:`cpupin.hold_wake_latency`), with
+    the values to put back should the process die. ``pin_drift``: how many
+    drifts :func:`cpupin.check_pins` found, and the last.
+    ``None`` leaves that part as it was. A record written only for this
+    (no pins) is still the process's record: ``cpupin ps`` lists it. Best
+    effort, as :func:`register_pins`."""
+    with _lock:
+        if role is not None:
+            _about["role"] = printable(str(role), 32)
+        if notes is not None:
+            _about["notes"] = [printable(str(n), MAX_NOTE) for n in list(notes)[:MAX_NOTES]]
+        if steps is not None:
+            _about["steps"] = list(steps)[:MAX_CLOCKS]
+        if server is not None:
+            _about["server"] = [int(server[0]), int(server[1])]
+        if mask is not None:
+            _about["process_mask"] = sorted({int(c) for c in mask})
+        if pin_drift is not None:
+            _about["pin_drift"] = {
+                "total": int(pin_drift["total"]),
+                "last": printable(str(pin_drift["last"]), MAX_NOTE),
+            }
+        if wake_holds is not None:
+            listed = list(wake_holds)[:MAX_HOLDS]
+            if listed:
+                _about["wake_holds"] = listed
+            else:
+                _about.pop("wake_holds", None)
+        _write(directory)
+
+
+def add_note(key: str, text: str, directory: str | None = None) -> None:
+    """Add one line to this process's record's notes, in place of the line
+    added before under the same ``key`` (the first word of the line), the
+    others kept. Best effort, as :func:`register_pins`."""
+    with _lock:
+        line = printable(str(text), MAX_NOTE)
+        notes = [n for n in _about.get("notes", []) if not str(n).startswith(key)]
+        _about["notes"] = (notes + [line])[-MAX_NOTES:]
+        _write(directory)
+
+
+def step_figures(clock: Any) -> dict[str, Any]:
+    """A :class:`cpupin.StepClock`'s figures as a record carries them: its
+    counts and sums, the histogram of its wait, and the percentiles of the
+    steps it keeps (what ``ps`` and Prometheus show of another process)."""
+    p = clock.percentiles()
+    return {
+        "clock": printable(str(clock.name), MAX_NAME),
+        "tid": clock.tid,
+        "steps": clock.steps,
+        "wall_s": round(clock.wall_sum_ns / 1e9, 6),
+        "wait_s": round(clock.wait_sum_ns / 1e9, 6),
+        "throttled_s": round(clock.throttled_sum_ns / 1e9, 6),
+        "counts": clock.wait_counts,
+        "wall_p50_us": p["wall_us"].get("p50"),
+        "wall_p99_us": p["wall_us"].get("p99"),
+        "wait_p50_us": p["wait_us"].get("p50"),
+        "wait_p99_us": p["wait_us"].get("p99"),
+    }
+
+
+def _write(directory: str | None) -> None:
+    """Write the record (under the lock) of :data:`_pins` and :data:`_about`."""
+    if _disabled or _closed:
+        return
+    where = lock_dir(directory)
+    if _written is not None and _written[0] != where:
+        _remove()  # the directory changed: the old record goes
+    listed = _pins
+    if not listed and not _about and _fd < 0:
+        return  # no record, and nothing to record
+    # A record with no pins left stays (until exit) rather than go: the
+    # next pin is then one pwrite, not a new file.
+    _about["pools"] = _pools_now()
+    data = _record_bytes(listed)
+    if _fd >= 0 and len(data) <= _slot and _room(_slot) and _in_place(where):
+        try:
+            _write_all(_fd, data.ljust(_slot, b" "), 0)
+            _wrote(listed, len(data))
+            return
+        except OSError as exc:
+            _failed(where, exc)
+            return
+    try:
+        dir_fd = open_lock_dir(where)
+    except OSError as exc:
+        _warn_once(where, exc.strerror or str(exc))
+        return
+    try:
+        _create(dir_fd, where, data)
+    finally:
+        os.close(dir_fd)
+
+
+# The pools last recorded, the threads they were read from, and their JSON:
+# a pin made or released with the same threads running writes them again
+# without reading them again.
+_pools_read: tuple[object, list[dict[str, Any]], str] | None = None
+
+
+def _pools_now() -> list[dict[str, Any]]:
+    """The process's pools for its record (the census from outside reads
+    them); none when they cannot be had (a lazy import refused in a signal
+    handler, say): the record is what matters."""
+    global _pools_read
+    try:
+        from cpupin.registry import _torch_thread
+
+        key = (frozenset(threading._active), _torch_thread._pool_thread)  # type: ignore[attr-defined]
+        if _pools_read is not None and _pools_read[0] == key:
+            return _pools_read[1]
+        from cpupin.registry._pool_names import recorded_pools
+
+        pools = recorded_pools()
+        _pools_read = (key, pools, json.dumps(pools, separators=(",", ":"), ensure_ascii=False))
+        return pools
+    except Exception:  # noqa: BLE001 - the pins' record never fails for its pools
+        return []
+
+
+def threads_changed() -> None:
+    """Write the record again with the process's pools as they are now, when
+    it has one: cpupin's threads call this as they start, so that the
+    census from outside names them (a new thread changes the set the pools
+    were read from, so they are read again). Best effort, as
+    :func:`register_pins`."""
+    if _written is None or _disabled or _closed:
+        return
+    with _lock:
+        _write(_written[0])
+
+
+def _ours() -> bool:
+    """Whether the kept descriptor still names the record file (not a file
+    the application opened under a number it closed for us); when it does
+    not, the number is forgotten, never written to or closed."""
+    global _fd, _slot, _fd_id
+    if _fd < 0:
+        return False
+    try:
+        st = os.fstat(_fd)
+    except OSError:
+        st = None
+    if st is not None and (st.st_dev, st.st_ino) == _fd_id:
+        return True
+    _fd, _slot, _fd_id = -1, 0, None
+    return False
+
+
+def _in_place(where: str) -> bool:
+    """Whether the kept descriptor is ours and its file is still this
+    process's record under its name in ``where`` (not removed, renamed away,
+    or left behind in a directory swapped for another): else a new record
+    file is made, so that ``ps`` never loses the process for good."""
+    if not _ours() or _written is None:
+        return False
+    try:
+        st = os.stat(os.path.join(where, _written[1]), follow_symlinks=False)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == _fd_id
+
+
+def _room(size: int) -> bool:
+    """Whether a file of ``size`` bytes may be written whole: a pwrite in
+    place cut short by RLIMIT_FSIZE would tear the good record, so under a
+    smaller limit the record goes through a new file, which fails whole."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return limit == resource.RLIM_INFINITY or limit >= size
+
+
+def _record_bytes(listed: list[Pinned]) -> bytes:
+    """The record of ``listed`` and :data:`_about`. One that would outgrow a
+    slot writes its CPU lists as ranges and its names unescaped; one that
+    would still pass :data:`MAX_SIZE` (the most a reader reads) lists the
+    pins that fit, with a note of how many it left out, so that the
+    process never vanishes from ``ps``."""
+    global _me
+    if _me is None:
+        pid = os.getpid()
+        _me = (pid, start_time(pid) or 0, os.geteuid())
+    data = _assemble([_fragment(p) for p in listed], dict(_about))
+    if len(data) <= SLOT:
+        return data
+    pins = [_fragment(p, compact=True) for p in listed]
+    about: dict[str, Any] = {k: compact(v) for k, v in _about.items()}
+    data = _assemble(pins, about)
+    if len(data) <= MAX_SIZE:
+        return data
+    # Keep the pins that fit, the first first, and say how many did not.
+    room = MAX_SIZE - len(_assemble([], about)) - 2 * MAX_NOTE
+    kept = 0
+    for text in pins:
+        room -= len(text.encode()) + 1
+        if room < 0:
+            break
+        kept += 1
+    notes = [str(n) for n in _about.get("notes", [])][: MAX_NOTES - 1]
+    notes.append(
+        f"{len(pins) - kept} of {len(pins)} pins left out: a record holds at most {MAX_SIZE} bytes"
+    )
+    return _assemble(pins[:kept], {**about, "notes": notes})
+
+
+def _fragment(p: Pinned, *, compact: bool = False) -> str:
+    """A pin's JSON, made once (a record is these joined)."""
+    key = (p, compact)
+    text = _fragments.get(key)
+    if text is None:
+        if len(_fragments) > MAX_PINS:
+            _fragments.clear()
+        cpus: object = format_cpulist(p.cpus) if compact else sorted(p.cpus)
+        text = _fragments[key] = json.dumps(
+            {"tid": p.tid, "name": p.name[:MAX_NAME], "cpus": cpus, "role": p.role},
+            separators=(",", ":"),
+            ensure_ascii=not compact,
+        )
+    return text
+
+
+def _assemble(pins: list[str], about: dict[str, Any]) -> bytes:
+    assert _me is not None
+    pid, started, uid = _me
+    head = "".join(f'"{key}":{_json_of(about[key])},' for key in sorted(about))
+    body = (
+        f'{{{head}"pid":{pid},"pins":[{",".join(pins)}],"start_time":{started},'
+        f'"time":{round(time.time(), 3)!r},"uid":{uid},"version":{VERSION}}}'
+    ).encode()
+    return frame(body)
+
+
+def _json_of(value: Any) -> str:
+    read = _pools_read
+    if read is not None and value is read[1]:
+        return read[2]
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _create(dir_fd: int, where: str, data: bytes) -> None:
+    """A new record file with a slot that holds ``data``, renamed into place
+    over the old one (or under the next free name), and kept open."""
+    global _written, _fd, _slot, _fd_id
+    assert _me is not None
+    pid, started, _ = _me
+    slot = SLOT
+    while slot < len(data):
+        slot *= 2
+    # An unpredictable temporary name: another user who made the name ahead
+    # (for pids to come) would otherwise keep this process from ever
+    # writing its record.
+    tmp = f"cpupin-tmp-{pid}-{os.urandom(8).hex()}.tmp"
+    try:
+        fd = os.open(
+            tmp,
+            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o644,
+            dir_fd=dir_fd,
+        )
+    except OSError as exc:
+        _unlink(dir_fd, tmp)
+        _warn_once(where, f"cannot write a record there: {exc.strerror}")
+        return
+    try:
+        os.fchmod(fd, 0o644)
+        _write_all(fd, data.ljust(slot, b" "))
+        st = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        _unlink(dir_fd, tmp)
+        _failed(where, exc)
+        return
+    names = _names(pid, started)
+    if _written is not None and _written[1] in names:
+        names.remove(_written[1])
+        names.insert(0, _written[1])
+    why = ""
+    for name in names:
+        try:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except OSError as exc:
+            why = why or f"{name} is taken ({exc.strerror})"
+            continue
+        if _written is not None and _written != (where, name):
+            _remove(dir_fd)
+        _close()
+        _written, _fd, _slot = (where, name), fd, slot
+        _fd_id = (st.st_dev, st.st_ino)
+        _wrote(_pins, len(data))
+        return
+    os.close(fd)
+    _unlink(dir_fd, tmp)
+    _warn_once(where, f"no record: {why}; another user has squatted every name of it")
+
+
+# What the record on disk says (its pins and the rest) and its length: an
+# update that cannot be written marks that record out of date instead.
+_good: tuple[list[Pinned], dict[str, Any], int] | None = None
+
+
+def _wrote(listed: list[Pinned], length: int) -> None:
+    global _good
+    _good = (list(listed), dict(_about), length)
+
+
+def _failed(where: str, exc: OSError) -> None:
+    """An update could not be written (a full disk, a file size limit):
+    rewrite the record on disk as it was, marked out of date with why (in
+    place, within its length and the limit, so that the write cannot be cut
+    short), and warn once, saying what ``ps`` shows."""
+    why = f"cannot write a record there: {exc.strerror}"
+    shown = "no record of this process"
+    if _good is not None and _ours():
+        listed, about, length = _good
+        about = {**about, "out_of_date": printable(f"an update failed: {exc.strerror}", 120)}
+        pins = [_fragment(p) for p in listed]
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        room = _slot if limit == resource.RLIM_INFINITY else min(_slot, limit)
+        data = _assemble(pins, about)
+        while len(data) > room and pins:
+            pins.pop()  # the mark takes room: the last pins make way for it
+            data = _assemble(pins, about)
+        size = max(len(data), length)
+        if size <= room:
+            try:
+                _write_all(_fd, data.ljust(size, b" "), 0)
+                shown = "the record written before, marked out of date"
+            except OSError:
+                pass
+    _warn_once(where, f"{why}; cpupin ps shows {shown}")
+
+
+def _close() -> None:
+    """Close the kept descriptor, only while it is still ours."""
+    global _fd, _slot, _fd_id
+    if _ours():
+        try:
+            os.close(_fd)
+        except OSError:
+            pass
+    _fd, _slot, _fd_id = -1, 0, None
+
+
+def _unlink(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def _warn_once(where: str, why: str) -> None:
+    if where in _warned:
+        return
+    _warned.add(where)
+    import logging  # only here: importing it costs ``import cpupin`` 4 ms
+
+    logging.getLogger("cpupin").warning(
+        "cpupin: this process's pins are not in the lock directory %s (cpupin ps and "
+        "audit will not see them): %s",
+        printable(where, 120),
+        why,
+    )
+
+
+def _remove(dir_fd: int | None = None) -> None:
+    """Remove this process's record; ``dir_fd``: its directory, already open."""
+    global _written
+    if _written is None:
+        return
+    where, name = _written
+    _written = None
+    _close()
+    if dir_fd is not None:
+        _unlink(dir_fd, name)
+        return
+    try:
+        dir_fd = open_lock_dir(where)
+    except OSError:
+        return
+    try:
+        _unlink(dir_fd, name)
+    finally:
+        os.close(dir_fd)
+
+
+def _remove_at_exit() -> None:
+    # Daemon threads still run while atexit handlers do: once closed, they
+    # write nothing, and the lock waits out a write under way.
+    global _closed
+    with _lock:
+        _closed = True
+        _remove()
+
+
+def _after_fork_in_child() -> None:
+    # The child is another process: its parent's record is not its own (its
+    # descriptor goes, without touching the file), and a lock another thread
+    # held at the fork would never be released.
+    global _written, _lock, _me, _closed, _good
+    _close()
+    _written = _me = None
+    _good = None
+    _closed = False
+    _lock = threading.RLock()
+    _pins.clear()
+    _about.clear()
+
+
+#: What the reader module defines, imported on first use.
+_READER = ("Record", "Registry", "parent_pinned_to", "prune", "prune_members", "read_registry")
+
+
+def __getattr__(name: str) -> Any:
+    """The reader's names (and its private helpers, for the tests), from
+    :mod:`cpupin.registry.reader`, imported on first use."""
+    from cpupin.registry import reader as _registry_read
+
+    try:
+        return getattr(_registry_read, name)
+    except AttributeError:
+        raise AttributeError(f"module 'cpupin.registry.writer' has no attribute {name!r}") from None
+
+
+atexit.register(_remove_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)
