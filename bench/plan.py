@@ -23,7 +23,7 @@ from _env import fmt_ns, paired, start  # noqa: E402
 from cpupin.act.server import plan_server  # noqa: E402
 from cpupin.host.shapes import HOSTS, GpuSpec, HostSpec, _built, host_named  # noqa: E402
 from cpupin.plan.placement import place  # noqa: E402
-from tests.specs import spec_host  # noqa: E402
+from tests.support.specs import spec_host  # noqa: E402
 
 BIG = HostSpec(
     "4096-cpus",

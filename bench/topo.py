@@ -35,7 +35,7 @@ from cpupin.host.shapes import (  # noqa: E402
 )
 from cpupin.host.topology import read_host  # noqa: E402
 from cpupin.plan.cpuplan import CpuPlan  # noqa: E402
-from tests.specs import spec_host  # noqa: E402
+from tests.support.specs import spec_host  # noqa: E402
 
 
 def main() -> None:

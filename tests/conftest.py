@@ -6,6 +6,9 @@ from contextlib import contextmanager
 import pytest
 from hypothesis import HealthCheck, settings
 
+# The fixtures every part's tests share, from tests/support/.
+from tests.support.captures import unpacked  # noqa: F401
+
 settings.register_profile("default", max_examples=200, deadline=None)
 settings.register_profile(
     "ci", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -129,3 +129,17 @@ def test_the_check_fails_on_a_map_that_lies(text, problem):
             elif order[dep] >= order[part]:
                 errors.append("below")
     assert problem in errors
+
+
+def test_the_tests_mirror_the_parts_and_share_only_through_support():
+    """Each folder of tests/ is a part of the package (or support/, trust/,
+    data/), and no test module imports another test module."""
+    tests = ROOT / "tests"
+    parts = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    for folder in tests.iterdir():
+        if folder.is_dir() and folder.name not in ("__pycache__", ".hypothesis"):
+            assert folder.name in parts | {"support", "trust", "data"}, folder
+    for path in tests.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests"):
+                assert node.module.startswith("tests.support"), f"{path}: {node.module}"

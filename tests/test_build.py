@@ -124,6 +124,6 @@ def test_the_sdist_ships_what_messages_point_to_and_tests_that_run(tmp_path):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     for needed in ("examples/runtime.py", "bench/runtime.py", "tests/conftest.py",
-                   "tests/helpers.py", "tests/data/hwloc", "csrc/cpupin.c"):  # fmt: skip
+                   "tests/support/helpers.py", "tests/data/hwloc", "csrc/cpupin.c"):  # fmt: skip
         assert any(n == needed or n.startswith(needed + "/") for n in names), needed
     assert not any("__pycache__" in n or n.endswith(".so") for n in names)

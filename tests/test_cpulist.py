@@ -7,8 +7,7 @@ from hypothesis import strategies as st
 
 from cpupin import format_cpulist, parse_cpulist, parse_cpumask
 from cpupin.cpulist import MAX_CPUS, format_cpumask
-
-from .strategies import cpu_ranges, cpu_sets
+from tests.support.strategies import cpu_ranges, cpu_sets
 
 
 @given(st.one_of(cpu_sets, cpu_ranges()))

@@ -12,8 +12,7 @@ import pytest
 
 import cpupin
 from cpupin import _native
-
-from .helpers import (
+from tests.support.helpers import (
     in_forked_child,
     parked_threads,
     proc_comm,

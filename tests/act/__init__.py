@@ -1,0 +1,1 @@
+"""What changes the host or the process (cpupin/act/): binding, server plans, holds, IRQ moves."""

@@ -1,0 +1,1 @@
+"""The cpupin command (cpupin/cli/): every subcommand, its errors, its JSON shapes."""

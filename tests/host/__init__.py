@@ -1,0 +1,1 @@
+"""Reading the host (cpupin/host/): topology against hwloc, launchers, IRQs, memory by node."""

@@ -1,0 +1,1 @@
+"""The vLLM plugin (cpupin/integrations/vllm/): its decisions, and a real server."""

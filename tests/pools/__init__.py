@@ -1,0 +1,1 @@
+"""Pools sized to the usable CPUs, and the census (cpupin/pools/), with real quotas."""

@@ -1,0 +1,1 @@
+"""What the tests share: helpers, host specs, Hypothesis strategies, oracles."""

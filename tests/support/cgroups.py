@@ -1,0 +1,70 @@
+"""Real cgroups for tests that need a CPU quota: made fresh, emptied and removed after."""
+
+import os
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from cpupin.host.throttle import parse_cpu_stat
+
+
+def _cpu_mount():
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if parts[2] == "cgroup" and "cpu" in parts[3].split(","):
+                return "v1", parts[1]
+    for line in open("/proc/self/mounts"):
+        parts = line.split()
+        if parts[2] == "cgroup2":
+            try:
+                controllers = Path(parts[1], "cgroup.controllers").read_text().split()
+            except OSError:
+                continue
+            if "cpu" in controllers:
+                return "v2", parts[1]
+    return None, None
+
+
+@contextmanager
+def quota_cgroup(quota_us, period_us=100_000):
+    """A fresh cgroup (v1's cpu controller, else v2's) with a CPU quota;
+    yields (its folder, its cpu.stat reader). Processes put in it are
+    moved back to the root cgroup and the folder removed after."""
+    if os.geteuid() != 0:
+        pytest.skip("a cgroup with a quota needs root")
+    kind, mount = _cpu_mount()
+    if kind is None:
+        pytest.skip("no cgroup hierarchy with the cpu controller is mounted")
+    path = f"{mount}/cpupin-test-{uuid.uuid4().hex[:8]}"
+    if kind == "v2":
+        Path(mount, "cgroup.subtree_control").write_text("+cpu")
+    os.mkdir(path)
+    try:
+        if kind == "v1":
+            Path(path, "cpu.cfs_period_us").write_text(str(period_us))
+            Path(path, "cpu.cfs_quota_us").write_text(str(quota_us))
+        else:
+            Path(path, "cpu.max").write_text(f"{quota_us} {period_us}")
+
+        def throttled_ns():
+            stat = parse_cpu_stat(Path(path, "cpu.stat").read_text())
+            return stat.throttled_ns, stat.throttled_periods
+
+        yield path, throttled_ns
+    finally:
+        for pid in Path(path, "cgroup.procs").read_text().split():
+            try:
+                Path(mount, "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        os.rmdir(path)
+
+
+def in_cgroup(path):
+    def enter():
+        Path(path, "cgroup.procs").write_text(str(os.getpid()))
+
+    return enter

@@ -1,0 +1,1 @@
+"""Threads on the process mask, pins and the guard (cpupin/threads/, cpupin/process/)."""

@@ -1,0 +1,1 @@
+"""The trust rounds: hostile files, hostile neighbours and killed owners, across parts."""
