@@ -223,3 +223,47 @@ def test_every_public_name_resolves_and_none_is_shadowed_by_a_module():
         value = getattr(cpupin, name)
         assert not isinstance(value, type(cpupin)), f"cpupin.{name} is a module"
     assert callable(cpupin.census) and callable(cpupin.ThreadPool)
+
+
+#: Every name of the public surface before the package had parts: each must
+#: still import from ``cpupin`` (docs/architecture.md: the layout is not API).
+PUBLIC_BEFORE_THE_PARTS = """
+HAVE_AFFINITY Binding Census Pool PoolLimits Step StepClock census cpu_plan limit_pools
+pool_env usable_cpus bind_process decide_binding Claim HandoffResult Core CoreClass CpuOrigin
+CpuPlan IrqOnPin explain_cpus read_irqs Gpu Host IdleState Node PlanError Placement Quota Pin
+ServerPlan Thread ThreadInfo ThreadPool Queue Sampler ThreadSample WorkerPlacement child_env
+claim_gpus parse_pci_address parse_setting pin_current_thread pin_step_thread pinned_threads
+refresh_process_cpus register_warmup stray_threads place plan_server read_host resolve_devices
+sample_threads setting_from_env SchedStat ThreadStat UnsupportedPlatform __version__
+format_cpulist get_affinity getcpu gettid online_cpus parse_cpulist parse_cpumask process_cpus
+schedstat set_affinity set_process_cpus thread_stats HoldRefused WakeHold hold_wake_latency
+NodeMemory memory_by_node Drift PinGuard check_pins guard_pins
+""".split()
+
+
+def test_the_public_surface_is_the_one_before_the_parts():
+    """The same names, each importable from the package in a fresh process
+    (a lazy name that pointed at a moved module would fail only there)."""
+    assert sorted(cpupin.__all__) == sorted(PUBLIC_BEFORE_THE_PARTS)
+    code = (
+        "import cpupin\nfor n in cpupin.__all__:\n    exec(f'from cpupin import {n}')\nprint('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_module_paths_the_guides_name_still_import():
+    """docs/pinning.md's cpupin.hosts and cpupin.handoff, the README's
+    cpupin.metrics, and vLLM's entry point, as the installed metadata has it."""
+    from importlib.metadata import entry_points
+
+    from cpupin.hosts import host_named
+
+    assert host_named("dgx-h100").gpus
+    assert callable(cpupin.handoff.handoff)
+    (plugin,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "cpupin"]
+    assert plugin.value == "cpupin.integrations.vllm:register" and callable(plugin.load())
+    pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
+    from cpupin.metrics import ThreadCollector
+
+    assert ThreadCollector.__module__ == "cpupin.measure.metrics"
