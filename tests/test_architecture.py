@@ -143,3 +143,21 @@ def test_the_tests_mirror_the_parts_and_share_only_through_support():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests"):
                 assert node.module.startswith("tests.support"), f"{path}: {node.module}"
+
+
+def test_every_file_and_module_the_map_names_exists():
+    """The map's files (`act/wake.py`) and the modules its rows name in
+    parentheses (`_sysfs`) are in the package, so the map cannot point at a
+    file that moved."""
+    text = MAP.read_text()
+    for path in re.findall(r"`([a-z_]+/[a-z_/]*[a-z_]+\.py)`", text):
+        where = ROOT / path if path.startswith("tests/") else PACKAGE / path
+        assert where.is_file(), path
+    for part, _ in read_map(text):
+        if not part.endswith("/"):
+            continue
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{part}`"))
+        for module in re.findall(r"\(`([a-z_]+)`", row):
+            assert (PACKAGE / part / f"{module}.py").is_file() or (
+                PACKAGE / part / module
+            ).is_dir(), f"{part}{module}"

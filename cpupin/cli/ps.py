@@ -13,7 +13,8 @@ from cpupin.cli._pools import memory_lines, pool_lines, throttle_text
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
 from cpupin.measure.sampling import host_view
-from cpupin.registry.writer import Registry, lock_dir, prune, read_registry
+from cpupin.registry.prune import prune
+from cpupin.registry.writer import Registry, lock_dir, read_registry
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -71,14 +71,8 @@ from cpupin.registry._record import (
 )
 
 if TYPE_CHECKING:
-    from cpupin.registry.reader import (
-        Record,
-        Registry,
-        parent_pinned_to,
-        prune,
-        prune_members,
-        read_registry,
-    )
+    from cpupin.registry.prune import prune, prune_members
+    from cpupin.registry.reader import Record, Registry, parent_pinned_to, read_registry
 
 # The format's names are this module's too (cpupin.registry._record holds them so
 # that the reader does not import the writer).
@@ -606,13 +600,18 @@ def _after_fork_in_child() -> None:
     _about.clear()
 
 
-#: What the reader module defines, imported on first use.
-_READER = ("Record", "Registry", "parent_pinned_to", "prune", "prune_members", "read_registry")
+#: What the pruner defines, imported on first use (the rest from the reader).
+_PRUNE = ("prune", "prune_members")
 
 
 def __getattr__(name: str) -> Any:
-    """The reader's names (and its private helpers, for the tests), from
-    :mod:`cpupin.registry.reader`, imported on first use."""
+    """The reader's and the pruner's names (and the reader's private
+    helpers, for the tests), from :mod:`cpupin.registry.reader` and
+    :mod:`cpupin.registry.prune`, imported on first use."""
+    if name in _PRUNE:
+        from cpupin.registry import prune as _prune
+
+        return getattr(_prune, name)
     from cpupin.registry import reader as _registry_read
 
     try:

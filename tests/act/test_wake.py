@@ -421,7 +421,7 @@ def test_a_server_putting_away_its_killed_workers_puts_back_their_holds(tmp_path
     """vLLM kills its workers with SIGKILL; the API server's prune of their
     records (prune_members) gives their held CPUs their values back."""
     from cpupin.host._proc import start_time
-    from cpupin.registry.writer import prune_members
+    from cpupin.registry.prune import prune_members
 
     cpu = min(os.sched_getaffinity(0))
     me = (os.getpid(), start_time(os.getpid()))

@@ -125,7 +125,7 @@ def _own_members() -> None:
     import atexit
 
     from cpupin.host._proc import start_time
-    from cpupin.registry.writer import prune_members
+    from cpupin.registry.prune import prune_members
 
     me = (os.getpid(), start_time(os.getpid()) or 0)
     os.environ[ENV_SERVER] = f"{me[0]}-{me[1]}"

@@ -1,0 +1,140 @@
+"""Pruning the host's registry: removing the records that dead processes
+left, and first putting back what they changed (a wake-latency hold through
+sysfs outlives its holder). Every file is opened and parsed as the reader
+opens any record: hostile."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from cpupin import _native
+from cpupin.cpulist import format_cpulist
+from cpupin.host._proc import exited
+from cpupin.registry._record import MAX_RECORDS, lock_dir, open_lock_dir
+from cpupin.registry.reader import _PROC_NAME, _alive, _decode, _holds, _open_record, _reason
+
+__all__ = ["prune", "prune_members"]
+
+
+def _restore_holds(record: dict[str, object], pid: int, started: int) -> list[str]:
+    """Put back the sysfs wake-latency holds a dead process's decoded
+    record lists (a line for each); root's records only, as only root could
+    have written those values."""
+    from cpupin.host._pmqos import restore
+
+    if "wake_holds" not in record:
+        return []
+    if (record.get("pid"), record.get("start_time")) != (pid, started):
+        return [f"pid {pid}: its record names another process; its holds left as they are"]
+    try:
+        holds = _holds(record.get("wake_holds"), _native.online_cpus())
+    except (OSError, ValueError) as exc:
+        return [f"pid {pid}: its wake holds could not be read ({_reason(exc)}); left as they are"]
+    notes = []
+    for h in holds:
+        if h.mechanism != "sysfs":
+            continue  # the kernel dropped a dma request with its descriptor
+        left = restore(dict(h.previous), h.max_us)
+        notes.append(
+            f"pid {pid}: wake latency of CPUs {format_cpulist(h.cpus)} put back"
+            + (f" ({'; '.join(left)})" if left else "")
+        )
+    return notes
+
+
+def _decoded(dir_fd: int, name: str) -> dict[str, object] | None:
+    """A record file's record (opened and checked as any is), else ``None``."""
+    try:
+        fd, _ = _open_record(dir_fd, name)
+        return _decode(fd)
+    except (OSError, ValueError):
+        return None
+
+
+def prune_members(server: tuple[int, int], directory: str | None = None) -> list[str]:
+    """Remove the records of exited processes that name ``server`` (pid,
+    start time) as theirs (:func:`cpupin.registry.writer.describe_process`'s
+    ``server``) and that this user owns: what a server's processes that were
+    killed (vLLM's engine core and workers get ``SIGKILL`` at shutdown) left
+    behind. Returns the paths removed. Each file is opened as a live record
+    is (no link followed, regular, bounded) and parsed before it goes."""
+    where = lock_dir(directory)
+    removed: list[str] = []
+    try:
+        dir_fd = open_lock_dir(where)
+    except OSError:
+        return removed
+    try:
+        for count, name in enumerate(os.listdir(dir_fd)):
+            if count >= MAX_RECORDS:
+                break
+            match = _PROC_NAME.fullmatch(name)
+            if match is None:
+                continue
+            pid, started = int(match.group(1)), int(match.group(2))
+            if not exited(pid, started):
+                continue  # alive: its own exit removes it
+            try:
+                fd, info = _open_record(dir_fd, name)
+                if info.st_uid != os.geteuid():
+                    os.close(fd)
+                    continue
+                record = _decode(fd)
+            except (OSError, ValueError):
+                continue
+            if record is None or record.get("server") != list(server):
+                continue
+            if os.geteuid() == 0:
+                _restore_holds(record, pid, started)  # a killed worker's CPUs come back
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+                removed.append(os.path.join(where, name))
+            except OSError:
+                continue
+    finally:
+        os.close(dir_fd)
+    return removed
+
+
+def prune(
+    directory: str | os.PathLike[str] | None = None, restored: list[str] | None = None
+) -> list[str]:
+    """Remove the stale process records in the lock directory that this
+    user owns (a process killed before it could remove its own), however
+    many; returns their paths. Staleness comes from each name's pid and
+    start time, as :func:`read_registry` judges it. Lock files are never
+    removed (see :mod:`cpupin.registry.lock`): a stale server record there is
+    harmless and is overwritten by the next server that takes the lock.
+
+    A dead process's wake-latency holds through sysfs outlive it: before its
+    record goes, each held CPU gets back the value it had before the hold,
+    where it still holds the held value (the record is parsed for this as
+    any record is, hostile; only root could have written those values, so
+    only root's records are read for them). What was put back, or why not,
+    goes to ``restored``."""
+    where = lock_dir(directory)
+    removed = []
+    me = os.geteuid()
+    dir_fd = open_lock_dir(where)
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            found = _PROC_NAME.fullmatch(name)
+            if not found or not _alive(int(found.group(1)), int(found.group(2))):
+                continue
+            try:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if info.st_uid != me or not stat.S_ISREG(info.st_mode):
+                    continue
+                record = _decoded(dir_fd, name) if me == 0 else None
+                if record is not None:
+                    notes = _restore_holds(record, int(found.group(1)), int(found.group(2)))
+                    if restored is not None:
+                        restored.extend(notes)
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                continue
+            removed.append(os.path.join(where, name))
+    finally:
+        os.close(dir_fd)
+    return removed
