@@ -5,9 +5,13 @@ Each case is a whole process, timed from the parent; medians of
 ``--rounds``, the cases interleaved. cpupin's bytecode is compiled first, as
 a wheel's install compiles it (a machine that sets PYTHONDONTWRITEBYTECODE
 would otherwise compile every module at every start). ``numactl`` is timed
-where it is installed, ``taskset`` always.
+where it is installed, ``taskset`` always. ``--against PYTHON`` times cpupin's
+cases again with the Python of another environment, where another build of
+cpupin is installed (``pip install`` of a checkout of another commit), in
+the same rounds: what a change cost at start. Run it from an environment
+where cpupin is installed the same way (not editable), for a fair pair.
 
-    python bench/startup.py [--rounds 31]
+    python bench/startup.py [--rounds 31] [--against PYTHON]
 """
 
 from __future__ import annotations
@@ -28,7 +32,12 @@ from _env import start  # noqa: E402
 
 
 def main() -> None:
-    args = start(__doc__ or "")
+    args = start(
+        __doc__ or "",
+        extra=[
+            ("--against", str, None, "another environment's Python, to time in the same rounds")
+        ],
+    )
     import cpupin
 
     package = Path(cpupin.__file__).parent
@@ -59,6 +68,20 @@ def main() -> None:
             "--preferred=0",
             "true",
         ]
+    if args.against:
+        other = Path(args.against)
+        print(f"against     {other}")
+        for name in [n for n in cases if "cpupin" in n]:
+            swap = {sys.executable: str(other), str(script): str(other.with_name("cpupin"))}
+            cases[f"{name} [against]"] = [swap.get(part, part) for part in cases[name]]
+        where = subprocess.run(
+            [str(other), "-c", "import cpupin, os; print(os.path.dirname(cpupin.__file__))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        subprocess.run([str(other), "-m", "compileall", "-q", where], check=True)
+        print(f"bytecode    compiled under {where}")
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, cmd in cases.items():
