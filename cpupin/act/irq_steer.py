@@ -209,27 +209,27 @@ def _read(where: str, root: str) -> tuple[list[dict[str, str]], str]:
     """The moves recorded in ``where`` (hostile, opened and checked as a
     registry record is: regular, one link, bounded, this user's, its
     checksum), and why none where there are none."""
-    from cpupin.registry.reader import _decode, _open_record, _reason
+    from cpupin.registry._files import decode_file, open_record, reason
 
     try:
         dir_fd = open_lock_dir(where)
     except OSError as exc:
         return [], f"{where}: {exc.strerror}"
     try:
-        fd, info = _open_record(dir_fd, MOVES_FILE)
+        fd, info = open_record(dir_fd, MOVES_FILE)
     except FileNotFoundError:
         return [], "no IRQ moved by cpupin is recorded there"
     except (OSError, ValueError) as exc:
-        return [], f"{MOVES_FILE}: {_reason(exc)}"
+        return [], f"{MOVES_FILE}: {reason(exc)}"
     finally:
         os.close(dir_fd)
     if info.st_uid != os.geteuid():
         os.close(fd)
         return [], f"{MOVES_FILE}: owned by uid {info.st_uid}, not this user"
     try:
-        record = _decode(fd)
+        record = decode_file(fd)
     except (OSError, ValueError) as exc:
-        return [], f"{MOVES_FILE}: {excerpt(_reason(exc), 80)}"
+        return [], f"{MOVES_FILE}: {excerpt(reason(exc), 80)}"
     if record is None:
         return [], f"{MOVES_FILE}: empty"
     if record.get("boot_id") != _boot_id(root):

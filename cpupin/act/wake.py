@@ -333,7 +333,7 @@ def _held_elsewhere(cpus: frozenset[int]) -> str:
                 f"({mine.describe()}): release that hold first"
             )
     try:
-        from cpupin.registry.writer import read_registry
+        from cpupin.registry.reader import read_registry
 
         found = read_registry()
     except (OSError, ValueError):

@@ -33,21 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--node for its --node-rank. Exits 127 when the command is not found, 126 when it "
         "cannot run.",
     )
-    target = cmd.add_mutually_exclusive_group()
-    target.add_argument("--gpu", metavar="ADDR", help="the GPU's PCI address")
-    target.add_argument(
-        "--device",
-        type=_args.whole("--device", 0, 65535),
-        metavar="I",
-        help="a CUDA device index, through CUDA_VISIBLE_DEVICES, in PCI order",
-    )
-    target.add_argument(
-        "--local-rank",
-        action="store_true",
-        help="the device index from LOCAL_RANK (torchrun), else SLURM_LOCALID (Slurm), "
-        "OMPI_COMM_WORLD_LOCAL_RANK (Open MPI) or MV2_COMM_WORLD_LOCAL_RANK (MVAPICH)",
-    )
-    target.add_argument("--node", type=_args.whole("--node", 0, 65535), metavar="N", help="node N")
+    _add_target(cmd)
     cmd.add_argument(
         "--cpus",
         type=_cpus_arg,
@@ -85,6 +71,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd.add_argument("--mask", metavar="CPULIST", help="with --dry-run: the process mask")
     cmd.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     cmd.set_defaults(handler=run)
+
+
+def _add_target(cmd: argparse.ArgumentParser) -> None:
+    """The one thing to bind to: a GPU, a device index, the local rank or a node."""
+    target = cmd.add_mutually_exclusive_group()
+    target.add_argument("--gpu", metavar="ADDR", help="the GPU's PCI address")
+    target.add_argument(
+        "--device",
+        type=_args.whole("--device", 0, 65535),
+        metavar="I",
+        help="a CUDA device index, through CUDA_VISIBLE_DEVICES, in PCI order",
+    )
+    target.add_argument(
+        "--local-rank",
+        action="store_true",
+        help="the device index from LOCAL_RANK (torchrun), else SLURM_LOCALID (Slurm), "
+        "OMPI_COMM_WORLD_LOCAL_RANK (Open MPI) or MV2_COMM_WORLD_LOCAL_RANK (MVAPICH)",
+    )
+    target.add_argument("--node", type=_args.whole("--node", 0, 65535), metavar="N", help="node N")
 
 
 #: Where launchers put the local rank, in the order they are read.

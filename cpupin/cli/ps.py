@@ -14,7 +14,8 @@ from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
 from cpupin.measure.sampling import host_view
 from cpupin.registry.prune import prune
-from cpupin.registry.writer import Registry, lock_dir, read_registry
+from cpupin.registry.reader import Registry, read_registry
+from cpupin.registry.writer import lock_dir
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -291,7 +291,7 @@ def _title(pid: int) -> str:
 
 
 def _run_tree(root: int, as_json: bool) -> int:
-    from cpupin.registry.writer import read_registry
+    from cpupin.registry.reader import read_registry
 
     if not os.path.exists(f"/proc/{root}"):
         raise ValueError(f"threads --tree {root}: no such process")

@@ -19,7 +19,7 @@ from cpupin.measure.sampling import Sampler
 from cpupin.threads.thread import Thread
 
 if TYPE_CHECKING:
-    from cpupin.registry.writer import Record
+    from cpupin.registry.reader import Record
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -42,7 +42,7 @@ from cpupin.host.throttle import read_cpu_stat
 from cpupin.measure.sampling import process_mask_of
 from cpupin.pools.census import census
 from cpupin.process.mask import process_cpus, thread_masks
-from cpupin.registry.writer import Record, Registry, read_registry
+from cpupin.registry.reader import Record, Registry, read_registry
 from cpupin.threads.thread import pinned_roles
 
 __all__ = ["ProcessesCollector", "ServerStepsCollector", "ThreadCollector"]

@@ -20,7 +20,7 @@ from cpupin.cpulist import format_cpulist
 from cpupin.host.throttle import ThrottleProbe, Throttling
 from cpupin.process.mask import process_cpus, start_time, thread_masks
 from cpupin.process.outside import process_mask_of, registry_of
-from cpupin.registry.writer import Record, Registry
+from cpupin.registry.reader import Record, Registry
 from cpupin.threads.thread import pinned_threads
 
 __all__ = [

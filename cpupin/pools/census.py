@@ -33,7 +33,7 @@ from cpupin.registry._pool_names import ONE_EACH, configured_pools, pool_name, r
 from cpupin.registry._torch_thread import note_pool_thread
 
 if TYPE_CHECKING:
-    from cpupin.registry.reader import RecordedPool
+    from cpupin.registry._fields import RecordedPool
 
 __all__ = [
     "FITS",

@@ -74,9 +74,9 @@ def _inherit() -> frozenset[int] | None:
         return None
     if current == cpus:
         return cpus
-    from cpupin.registry import writer as registry
+    from cpupin.registry.reader import parent_pinned_to
 
-    if not (current < cpus and registry.parent_pinned_to(current)):
+    if not (current < cpus and parent_pinned_to(current)):
         _log().debug(
             "cpupin: %s=%s set aside: this process was started on CPU %s, which is not a pin "
             "of its parent's; the launcher's mask wins",

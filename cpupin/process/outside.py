@@ -15,7 +15,7 @@ from cpupin.errors import excerpt
 from cpupin.process.mask import ENV_PROCESS_CPUS
 
 if TYPE_CHECKING:
-    from cpupin.registry.writer import Record, Registry
+    from cpupin.registry.reader import Record, Registry
 
 __all__ = [
     "BINDING_VARS",
@@ -190,6 +190,7 @@ def registry_of(pid: int, lock_dirs: list[str] | None) -> Registry:
     """The registry that knows ``pid``: the first of the candidate lock
     directories with a live record of it (else the first one read)."""
     from cpupin.registry import writer as registry
+    from cpupin.registry.reader import read_registry
 
     if lock_dirs is None:
         theirs = environ_of(pid, registry.ENV_LOCK_DIR)
@@ -201,7 +202,7 @@ def registry_of(pid: int, lock_dirs: list[str] | None) -> Registry:
         lock_dirs = [theirs or registry.lock_dir(), registry.lock_dir(), "/tmp"]
     first = None
     for where in dict.fromkeys(lock_dirs):
-        found = registry.read_registry(where)
+        found = read_registry(where)
         if found.knows(pid):
             return found
         first = first or found

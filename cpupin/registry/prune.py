@@ -11,8 +11,9 @@ import stat
 from cpupin import _native
 from cpupin.cpulist import format_cpulist
 from cpupin.host._proc import exited
+from cpupin.registry._fields import hold_list
+from cpupin.registry._files import PROC_NAME, decode_file, gone_because, open_record, reason
 from cpupin.registry._record import MAX_RECORDS, lock_dir, open_lock_dir
-from cpupin.registry.reader import _PROC_NAME, _alive, _decode, _holds, _open_record, _reason
 
 __all__ = ["prune", "prune_members"]
 
@@ -28,9 +29,9 @@ def _restore_holds(record: dict[str, object], pid: int, started: int) -> list[st
     if (record.get("pid"), record.get("start_time")) != (pid, started):
         return [f"pid {pid}: its record names another process; its holds left as they are"]
     try:
-        holds = _holds(record.get("wake_holds"), _native.online_cpus())
+        holds = hold_list(record.get("wake_holds"), _native.online_cpus())
     except (OSError, ValueError) as exc:
-        return [f"pid {pid}: its wake holds could not be read ({_reason(exc)}); left as they are"]
+        return [f"pid {pid}: its wake holds could not be read ({reason(exc)}); left as they are"]
     notes = []
     for h in holds:
         if h.mechanism != "sysfs":
@@ -46,8 +47,8 @@ def _restore_holds(record: dict[str, object], pid: int, started: int) -> list[st
 def _decoded(dir_fd: int, name: str) -> dict[str, object] | None:
     """A record file's record (opened and checked as any is), else ``None``."""
     try:
-        fd, _ = _open_record(dir_fd, name)
-        return _decode(fd)
+        fd, _ = open_record(dir_fd, name)
+        return decode_file(fd)
     except (OSError, ValueError):
         return None
 
@@ -69,18 +70,18 @@ def prune_members(server: tuple[int, int], directory: str | None = None) -> list
         for count, name in enumerate(os.listdir(dir_fd)):
             if count >= MAX_RECORDS:
                 break
-            match = _PROC_NAME.fullmatch(name)
+            match = PROC_NAME.fullmatch(name)
             if match is None:
                 continue
             pid, started = int(match.group(1)), int(match.group(2))
             if not exited(pid, started):
                 continue  # alive: its own exit removes it
             try:
-                fd, info = _open_record(dir_fd, name)
+                fd, info = open_record(dir_fd, name)
                 if info.st_uid != os.geteuid():
                     os.close(fd)
                     continue
-                record = _decode(fd)
+                record = decode_file(fd)
             except (OSError, ValueError):
                 continue
             if record is None or record.get("server") != list(server):
@@ -119,8 +120,8 @@ def prune(
     dir_fd = open_lock_dir(where)
     try:
         for name in sorted(os.listdir(dir_fd)):
-            found = _PROC_NAME.fullmatch(name)
-            if not found or not _alive(int(found.group(1)), int(found.group(2))):
+            found = PROC_NAME.fullmatch(name)
+            if not found or not gone_because(int(found.group(1)), int(found.group(2))):
                 continue
             try:
                 info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)

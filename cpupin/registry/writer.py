@@ -18,9 +18,10 @@ also where each one says what it pinned, with no daemon:
   pin is made or released (a new file renamed into place when it is made or
   outgrows its slot), and removed at exit.
 
-Reading lives in :mod:`cpupin.registry.reader`, imported on first use (its
-names are reachable from here). Everything read is hostile
-(:func:`read_registry` says how): only
+Reading lives in :mod:`cpupin.registry.reader` (with the removal of what
+dead processes left in :mod:`cpupin.registry.prune`), which a process that
+only pins never imports. Everything read is hostile
+(:func:`cpupin.registry.reader.read_registry` says how): only
 names of these shapes are looked at; a record of a process that has exited
 is stale from its name alone and never opened; a live one is opened
 read-only, non-blocking, without following a symlink, a regular file of one
@@ -43,7 +44,7 @@ import resource
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
@@ -70,10 +71,6 @@ from cpupin.registry._record import (
     open_lock_dir,
 )
 
-if TYPE_CHECKING:
-    from cpupin.registry.prune import prune, prune_members
-    from cpupin.registry.reader import Record, Registry, parent_pinned_to, read_registry
-
 # The format's names are this module's too (cpupin.registry._record holds them so
 # that the reader does not import the writer).
 __all__ = [
@@ -87,17 +84,11 @@ __all__ = [
     "SLOT",
     "VERSION",
     "Pinned",
-    "Record",
-    "Registry",
-    "parent_pinned_to",
     "decode",
     "encode",
     "fit",
     "lock_dir",
     "open_lock_dir",
-    "prune",
-    "prune_members",
-    "read_registry",
     "add_note",
     "describe_process",
     "register_pins",
@@ -188,7 +179,7 @@ def describe_process(
     each decision made for it, with why; at most :data:`MAX_NOTES`), its
     step clocks' figures (``steps``: :func:`step_figures` of each clock) and
     the ``server`` it belongs to (the pid and start time of the process that
-    prunes its record should it be killed: :func:`prune_members`), and its
+    prunes its record should it be killed: :func:`cpupin.registry.prune.prune_members`), and its
     process ``mask`` where cpupin changed it (:func:`cpupin.bind_process`,
     :func:`cpupin.set_process_cpus`): the outside view takes it over the
     ``CPUPIN_PROCESS_CPUS`` the process started with. ``wake_holds``: the
@@ -598,26 +589,6 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     _pins.clear()
     _about.clear()
-
-
-#: What the pruner defines, imported on first use (the rest from the reader).
-_PRUNE = ("prune", "prune_members")
-
-
-def __getattr__(name: str) -> Any:
-    """The reader's and the pruner's names (and the reader's private
-    helpers, for the tests), from :mod:`cpupin.registry.reader` and
-    :mod:`cpupin.registry.prune`, imported on first use."""
-    if name in _PRUNE:
-        from cpupin.registry import prune as _prune
-
-        return getattr(_prune, name)
-    from cpupin.registry import reader as _registry_read
-
-    try:
-        return getattr(_registry_read, name)
-    except AttributeError:
-        raise AttributeError(f"module 'cpupin.registry.writer' has no attribute {name!r}") from None
 
 
 atexit.register(_remove_at_exit)

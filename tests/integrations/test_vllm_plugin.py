@@ -29,6 +29,8 @@ from cpupin.integrations.vllm.decisions import (
 from cpupin.measure.stepclock import BUCKETS_S
 from cpupin.pools.limits import ENV_POOL_VARS
 from cpupin.registry import writer as registry
+from cpupin.registry.prune import prune_members
+from cpupin.registry.reader import read_registry
 from tests.support.helpers import run
 
 # --- roles --------------------------------------------------------------------
@@ -267,7 +269,7 @@ def test_a_role_record_reads_back_with_its_notes_steps_and_server(tmp_path):
     child = _child(tmp_path, "4242-77", "alive")
     try:
         _ready(child)
-        found = registry.read_registry(tmp_path)
+        found = read_registry(tmp_path)
         (record,) = [r for r in found.records if r.pid == child.pid]
         assert record.live and record.role == "vllm-worker" and not record.pins
         assert record.notes == ("moved 3 thread(s)",) and record.server == (4242, 77)
@@ -321,7 +323,7 @@ def test_prune_members_removes_only_its_killed_members(tmp_path):
         before = sorted(os.listdir(tmp_path))
         assert len(before) == 3
         server = (os.getpid(), registry.start_time(os.getpid()))
-        removed = registry.prune_members(server, str(tmp_path))
+        removed = prune_members(server, str(tmp_path))
         assert [os.path.basename(p) for p in removed] == [
             n for n in before if n.startswith(f"cpupin-proc-{killed.pid}-")
         ]
@@ -760,6 +762,7 @@ import json, multiprocessing, sys, time, types
 multiprocessing.current_process().name = "VllmWorker-0"
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.registry import writer as registry
+from cpupin.registry.reader import read_registry
 from vllm.v1.worker import worker_base
 vllm_plugin.register()
 wrapper = worker_base.WorkerWrapperBase()
@@ -769,7 +772,7 @@ for i in range(5):
     assert wrapper.execute_model(i) == i
 deadline = time.monotonic() + 10
 while time.monotonic() < deadline:
-    found = [r for r in registry.read_registry().records if r.pid == registry.os.getpid()]
+    found = [r for r in read_registry().records if r.pid == registry.os.getpid()]
     if found and found[0].steps:
         break
     time.sleep(0.1)

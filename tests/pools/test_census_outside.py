@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpupin.pools.census import census, pool_name
+from cpupin.registry._fields import pool_list
 from cpupin.registry._record import MAX_POOL_TIDS
-from cpupin.registry.reader import _pools
 from tests.support.helpers import ready_child, run
 
 # A one-process runtime as the issue describes it, on cpupin's parts: a
@@ -172,7 +172,7 @@ def test_unnamed_threads_are_grouped_by_what_they_wait_in(tmp_path):
 )
 def test_a_records_pools_parse_or_say_why(value):
     try:
-        pools = _pools(value)
+        pools = pool_list(value)
     except ValueError as exc:
         assert str(exc)
         return
@@ -185,8 +185,8 @@ def test_a_records_pools_parse_or_say_why(value):
 def test_a_record_that_lists_too_many_thread_ids_is_refused():
     pool = {"name": "big", "kind": "threads", "threads": 600, "tids": list(range(1, 601))}
     with pytest.raises(ValueError, match="at most 512"):
-        _pools([pool])
-    assert _pools([{**pool, "tids": list(range(1, 513))}])[0].threads == 600
+        pool_list([pool])
+    assert pool_list([{**pool, "tids": list(range(1, 513))}])[0].threads == 600
 
 
 # The newcomer's runtime as it was walked: no pin, `limit_pools()`, a queue a

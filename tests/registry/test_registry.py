@@ -17,6 +17,7 @@ import cpupin
 from cpupin.cli import main
 from cpupin.host.shapes import HOSTS, build_tree, host_named
 from cpupin.registry import writer as registry
+from cpupin.registry.reader import read_registry
 from tests.support.helpers import ready_child
 from tests.support.json_shapes import SECTIONS, same_shape
 
@@ -98,7 +99,7 @@ def test_a_claiming_server_writes_its_record_and_ps_reads_it(b300_root, lock_dir
     plan = cpupin.plan_server("auto", [GPU7], root=b300_root, mask=MASK, environ={})
     try:
         assert plan.pinned
-        found = registry.read_registry(cpus=B300)
+        found = read_registry(cpus=B300)
         (server,) = found.records
         assert server.kind == "server" and server.live and server.pid == os.getpid()
         assert server.workers == ((GPU7, frozenset({97, 225})),)
@@ -108,7 +109,7 @@ def test_a_claiming_server_writes_its_record_and_ps_reads_it(b300_root, lock_dir
     finally:
         plan.claim.close()
     # Released: the record stays in the file, stale, since nobody holds the lock.
-    (server,) = registry.read_registry(cpus=B300).records
+    (server,) = read_registry(cpus=B300).records
     assert not server.live and "nobody holds its lock" in server.why_stale
 
 
@@ -130,13 +131,13 @@ def test_a_killed_holder_is_stale_and_a_second_server_names_the_holders_pid(b300
         assert holder.stdout.readline().strip() == "True"
         second = cpupin.plan_server("auto", [GPU7], root=b300_root, mask=MASK, environ={})
         assert not second.pinned and f"(pid {holder.pid})" in second.placement.reason
-        (server,) = registry.read_registry(cpus=B300).records
+        (server,) = read_registry(cpus=B300).records
         assert server.live and server.pid == holder.pid
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     # Nobody holds it now: stale, and not read (who wrote it cannot be told).
-    (server,) = registry.read_registry(cpus=B300).records
+    (server,) = read_registry(cpus=B300).records
     assert not server.live and server.pid == 0 and "nobody holds" in server.why_stale
 
 
@@ -154,9 +155,9 @@ def test_a_record_whose_pid_now_names_another_process_is_stale(lock_dir):
     (lock_dir / f"cpupin-proc-{pid}-{started + 1}.json").write_bytes(
         registry.encode(record, size=None)
     )
-    (found,) = registry.read_registry().records
+    (found,) = read_registry().records
     assert not found.live and "reused pid" in found.why_stale
-    assert registry.read_registry().pins_of(pid) == []
+    assert read_registry().pins_of(pid) == []
 
 
 # --- processes ----------------------------------------------------------------
@@ -177,13 +178,13 @@ def test_pins_are_registered_with_their_roles_and_removed(lock_dir):
     t.start()
     ready.wait()
     try:
-        pins = [p for p in registry.read_registry().pins_of(os.getpid()) if p.tid == box["tid"]]
+        pins = [p for p in read_registry().pins_of(os.getpid()) if p.tid == box["tid"]]
         assert [(p.name, p.role) for p in pins] == [("stepper", "step")]
         assert pins[0].cpus == cpupin.process_cpus()
     finally:
         done.set()
         t.join()
-    tids = [p.tid for p in registry.read_registry().pins_of(os.getpid())]
+    tids = [p.tid for p in read_registry().pins_of(os.getpid())]
     assert box["tid"] not in tids
 
 
@@ -196,7 +197,7 @@ def test_a_process_record_goes_with_its_process(lock_dir):
     """)
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "1"  # it was there while the process lived
-    assert registry.read_registry().records == []
+    assert read_registry().records == []
 
 
 # --- hostile files ------------------------------------------------------------
@@ -243,7 +244,7 @@ def test_hostile_records_are_ignored_with_a_reason_and_ps_lists_the_live_ones(
     claim = serve_here(lock_dir)
     pin = cpupin.pin_current_thread(cpupin.process_cpus(), name=None, role="result")
     try:
-        found = registry.read_registry()
+        found = read_registry()
         reasons = dict(found.ignored)
         assert len(reasons) == 8, reasons
         text = " ".join(reasons.values())
@@ -339,7 +340,7 @@ def test_a_process_record_is_replaced_whole(lock_dir):
 
     def reader():
         while not stop.is_set():
-            found = registry.read_registry()
+            found = read_registry()
             bad.extend(found.ignored)
 
     t = threading.Thread(target=reader)
@@ -465,7 +466,7 @@ def test_a_record_rewritten_in_place_is_never_read_torn(tmp_path):
     try:
         seen = set()
         for _ in range(300):
-            found = registry.read_registry(tmp_path)
+            found = read_registry(tmp_path)
             assert not found.ignored, found.ignored
             (record,) = [r for r in found.records if r.pid == child.pid]
             assert record.live
@@ -479,7 +480,7 @@ def test_a_read_torn_inside_the_checksum_line_is_read_again(monkeypatch):
     """A pwrite racing a read can tear a record at any byte, inside its
     checksum line too: that read is no 'foreign file', it is read again. A
     file that reads the same twice and does not decode is refused then."""
-    from cpupin.registry import reader as _registry_read
+    from cpupin.registry import _files
     from cpupin.registry._record import VERSION, frame
 
     good = frame(json.dumps({"version": VERSION, "pid": 1}).encode(), 4096)
@@ -491,13 +492,11 @@ def test_a_read_torn_inside_the_checksum_line_is_read_again(monkeypatch):
         calls.append(fd)
         return next(reads)
 
-    monkeypatch.setattr(_registry_read.os, "pread", pread)
-    monkeypatch.setattr(_registry_read.os, "close", lambda fd: None)
-    assert _registry_read._decode(-1)["pid"] == 1 and len(calls) == 2
+    monkeypatch.setattr(_files.os, "pread", pread)
+    monkeypatch.setattr(_files.os, "close", lambda fd: None)
+    assert _files.decode_file(-1)["pid"] == 1 and len(calls) == 2
     calls.clear()
-    monkeypatch.setattr(
-        _registry_read.os, "pread", lambda fd, size, offset: calls.append(fd) or b"junk\n"
-    )
+    monkeypatch.setattr(_files.os, "pread", lambda fd, size, offset: calls.append(fd) or b"junk\n")
     with pytest.raises(ValueError, match="no record"):
-        _registry_read._decode(-1)
+        _files.decode_file(-1)
     assert len(calls) == 2  # the same bytes twice: nobody is writing it

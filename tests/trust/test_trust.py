@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 import cpupin
 from cpupin.cli import main
 from cpupin.registry import writer as registry
+from cpupin.registry.prune import prune
+from cpupin.registry.reader import read_registry
 from tests.support.helpers import in_forked_child, run
 
 NOBODY = 65534
@@ -161,7 +163,7 @@ def test_no_record_content_raises_out_of_the_reader_or_ps(lock_dir, capsys, fiel
     name = lock_dir / f"cpupin-proc-{pid}-{started}.json"
     name.write_bytes(data)
     try:
-        found = registry.read_registry()  # never raises
+        found = read_registry()  # never raises
         for record in found.records:
             json.dumps(record.as_dict(), allow_nan=False)
         assert main(["ps", "--interval", "0.01", "--json"]) == 0
@@ -188,7 +190,7 @@ def test_a_record_of_a_root_process_written_by_another_user_is_ignored(lock_dir)
             return True
 
         assert in_forked_child(plant, uid=NOBODY)
-        found = registry.read_registry()
+        found = read_registry()
         assert found.pins_of(pid) == [] and not found.knows(pid)
         assert any("runs as uid 0" in why for _, why in found.ignored), found.ignored
         os.unlink(lock_dir / name)
@@ -208,13 +210,13 @@ def test_a_server_record_counts_only_from_the_locks_holder(lock_dir):
         "workers": [], "result_cpu": None, "process_mask": mask,
     }  # fmt: skip
     assert claim.write_record(record) == ""
-    found = registry.read_registry()
+    found = read_registry()
     assert found.records == [] and f"pid {pid} holds the lock" in found.ignored[0][1]
     assert claim.write_record({**record, "pid": pid, "start_time": started}) == ""
-    (server,) = registry.read_registry().records
+    (server,) = read_registry().records
     assert server.live and server.pid == pid
     claim.close()
-    (server,) = registry.read_registry().records
+    (server,) = read_registry().records
     assert not server.live and server.pid == 0  # not read: who wrote it is unknown
 
 
@@ -233,7 +235,7 @@ def test_unrelated_names_never_hide_a_record_and_limits_count_what_is_read(lock_
         )
     pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="step")
     try:
-        found = registry.read_registry()
+        found = read_registry()
         assert [p.role for p in found.pins_of(pid)] == ["step"]
         stale = [r for r in found.records if not r.live]
         assert len(stale) == registry.MAX_LISTED
@@ -245,21 +247,25 @@ def test_unrelated_names_never_hide_a_record_and_limits_count_what_is_read(lock_
 
 def test_a_live_server_is_found_among_many_other_locks(lock_dir, tmp_path, monkeypatch):
     """/proc/locks of a busy host (100,000 other flocks before ours) is read
-    whole: the holder is still found."""
+    whole: the holder is still found. The holder is the fake file's own pid
+    (not this process, which the real /proc/locks shows), so the answer can
+    only come from reading the fake to its last line."""
+    from cpupin.registry import _files
+
     claim = cpupin.claim_gpus(["0000:01:00.0"], lock_dir)
     info = os.stat(lock_dir / "cpupin-gpu-0000:01:00.0.lock")
     ours = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
     fake = tmp_path / "locks"
+    holder = 4_000_000 - 1
     with open(fake, "w") as f:
         for i in range(100_000):
             f.write(f"{i + 1}: FLOCK  ADVISORY  WRITE {i + 10} 00:99:{i} 0 EOF\n")
-        f.write(f"100001: FLOCK  ADVISORY  WRITE {os.getpid()} {ours} 0 EOF\n")
-    monkeypatch.setattr(registry, "PROC_LOCKS", str(fake))
+        f.write(f"100001: FLOCK  ADVISORY  WRITE {holder} {ours} 0 EOF\n")
+    monkeypatch.setattr(_files, "PROC_LOCKS", str(fake))
     try:
-        holders = registry._flock_holders(
-            {(os.major(info.st_dev), os.minor(info.st_dev), info.st_ino)}
-        )
-        assert list(holders.values()) == [os.getpid()]
+        key = (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino)
+        holders = _files.flock_holders({key})
+        assert list(holders.values()) == [holder]
     finally:
         claim.close()
 
@@ -307,10 +313,10 @@ def test_a_squatted_record_name_is_passed_over(lock_dir, squat):
             started = cpupin.process.mask.start_time(os.getpid())
             pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="step")
             second = lock_dir / f"cpupin-proc-{os.getpid()}-{started}-1.json"
-            found = registry.read_registry().pins_of(os.getpid())
+            found = read_registry().pins_of(os.getpid())
             ok = second.is_file() and [p.role for p in found] == ["step"]
             pin.release()  # the record stays, with no pins, until the process exits
-            ok = ok and second.is_file() and registry.read_registry().pins_of(os.getpid()) == []
+            ok = ok and second.is_file() and read_registry().pins_of(os.getpid()) == []
         finally:
             os._exit(0 if ok else 1)
     name = lock_dir / f"cpupin-proc-{pid}-{cpupin.process.mask.start_time(pid)}.json"
@@ -338,6 +344,7 @@ def test_a_squatted_record_name_is_passed_over(lock_dir, squat):
 FULL_DISK = """
 import os, resource, sys, threading, cpupin
 from cpupin.registry import writer as registry
+from cpupin.registry.reader import read_registry
 pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="first")
 size = max(os.path.getsize(os.path.join(sys.argv[1], n)) for n in os.listdir(sys.argv[1]))
 if sys.argv[2] == "grow":  # a record that outgrows its slot, on a nearly full disk
@@ -354,7 +361,7 @@ if sys.argv[2] == "grow":  # a record that outgrows its slot, on a nearly full d
 else:  # a limit below the slot itself: a pwrite in place would be cut short
     resource.setrlimit(resource.RLIMIT_FSIZE, (size - 100, size - 100))
     cpupin.pin_current_thread(cpupin.process_cpus(), role="second")
-found = registry.read_registry()
+found = read_registry()
 print(sorted({p.role for p in found.pins_of(os.getpid())}), len(found.pins_of(os.getpid())),
       len(found.ignored))
 print(sorted(n for n in os.listdir(sys.argv[1]) if n.endswith(".tmp")))
@@ -453,7 +460,7 @@ def test_a_long_thread_name_never_drops_the_record(lock_dir):
     t = cpupin.Thread(target=step, name="n" * 500)
     t.start()
     t.join()
-    found = registry.read_registry()
+    found = read_registry()
     (pin,) = found.pins_of(os.getpid())
     assert pin.role == "step" and pin.name.startswith("nnnn") and len(pin.name) <= 64
 
@@ -506,7 +513,8 @@ while time.monotonic() < end:
     cpupin.pin_current_thread(cpus).release()
 signal.setitimer(signal.ITIMER_REAL, 0, 0)
 from cpupin.registry import writer as registry
-print(calls, len(registry.read_registry().pins_of(__import__("os").getpid())))
+from cpupin.registry.reader import read_registry
+print(calls, len(read_registry().pins_of(__import__("os").getpid())))
 """
 
 
@@ -548,7 +556,7 @@ def test_sigterm_leaves_a_stale_record_that_prune_removes(lock_dir, capsys):
     assert child.stdout.readline() == "pinning\n"
     child.send_signal(signal.SIGTERM)
     child.wait()
-    (record,) = [r for r in registry.read_registry().records if r.pid == child.pid]
+    (record,) = [r for r in read_registry().records if r.pid == child.pid]
     assert not record.live and "exited" in record.why_stale
     assert main(["ps", "--interval", "0.01", "--prune"]) == 0
     assert "pruned" in capsys.readouterr().err
@@ -559,7 +567,7 @@ def test_prune_leaves_other_users_records(lock_dir):
     os.chmod(lock_dir, 0o1777)
     name = lock_dir / "cpupin-proc-4000000-1.json"
     assert in_forked_child(lambda: name.write_bytes(b"x") or True, uid=NOBODY)
-    assert registry.prune(lock_dir) == [] and name.exists()
+    assert prune(lock_dir) == [] and name.exists()
 
 
 BINDING = """
@@ -588,6 +596,7 @@ def test_bind_process_moves_threads_started_while_it_runs():
 C_THREAD = """
 import _thread, os, threading, time, cpupin
 from cpupin.registry import writer as registry
+from cpupin.registry.reader import read_registry
 done = threading.Event()
 def raw():
     cpupin.pin_current_thread(cpupin.process_cpus(), role="from-c")
@@ -595,7 +604,7 @@ def raw():
     time.sleep(30)
 _thread.start_new_thread(raw, ())
 done.wait()
-print([p.role for p in registry.read_registry().pins_of(os.getpid())])
+print([p.role for p in read_registry().pins_of(os.getpid())])
 """
 
 
@@ -699,5 +708,5 @@ def test_prune_removes_every_stale_record_not_only_those_listed(lock_dir):
     count = registry.MAX_LISTED + 50
     for i in range(count):
         (lock_dir / f"cpupin-proc-{4_000_000 + i}-1.json").write_bytes(b"x")
-    assert len(registry.prune(lock_dir)) == count
+    assert len(prune(lock_dir)) == count
     assert os.listdir(lock_dir) == []

@@ -22,8 +22,8 @@ from cpupin import _native
 from cpupin.plan.cpuplan import CpuPlan
 from cpupin.pools.limits import environment_advice, omp_num_threads, pool_env, pool_threads
 from cpupin.registry import writer as registry
+from cpupin.registry._fields import cpu_list
 from cpupin.registry._record import MAX_SIZE, SLOT, compact, decode, fit
-from cpupin.registry.reader import _cpus
 from tests.support.cgroups import in_cgroup, quota_cgroup
 from tests.support.helpers import in_forked_child, ready_child, run
 
@@ -51,6 +51,7 @@ import json, os, sys, threading
 import cpupin
 from cpupin import _native
 from cpupin.registry import writer as registry
+from cpupin.registry.reader import read_registry
 holder, spare = sys.argv[1], int(sys.argv[2])
 lock_dir = os.environ["CPUPIN_LOCK_DIR"]
 def open_fds():
@@ -97,7 +98,7 @@ ok = {}
 if holder == "registry":
     pin.release()
     again = cpupin.pin_current_thread(cpupin.process_cpus(), role="second")
-    ok["roles"] = [p.role for p in registry.read_registry().pins_of(os.getpid())]
+    ok["roles"] = [p.role for p in read_registry().pins_of(os.getpid())]
     again.release()
     registry._remove_at_exit()  # what exit does: close and remove the record
 elif holder == "lock":
@@ -189,16 +190,16 @@ def test_a_server_record_of_any_mask_fits_what_readers_read(n, workers, device):
     assert len(data) % SLOT == 0 and len(data) <= MAX_SIZE
     back = decode(data)
     host = frozenset(range(n))
-    assert _cpus(back["process_mask"], "process_mask", host) == host
+    assert cpu_list(back["process_mask"], "process_mask", host) == host
     for w, got in zip(record["workers"], back["workers"]):
-        assert _cpus(got["cpus"], "worker", host) == frozenset(w["cpus"])
+        assert cpu_list(got["cpus"], "worker", host) == frozenset(w["cpus"])
 
 
 @given(st.one_of(st.text(max_size=30), st.integers(), st.lists(st.integers(), max_size=5)))
 def test_a_cpu_list_read_as_ranges_is_refused_with_a_reason_or_within_the_host(value):
     host = frozenset(range(8))
     try:
-        cpus = _cpus(value, "pin", host)
+        cpus = cpu_list(value, "pin", host)
     except ValueError as exc:
         assert "pin" in str(exc)
     else:
@@ -234,6 +235,7 @@ MANY_PINS = r"""
 import json, os, sys, threading
 import cpupin
 from cpupin.registry import writer as registry
+from cpupin.registry.reader import read_registry
 n, name = int(sys.argv[1]), sys.argv[2]
 cpus = cpupin.process_cpus()
 gate = threading.Barrier(n + 1)
@@ -243,7 +245,7 @@ def pin():
 threads = [cpupin.Thread(target=pin, name=name) for _ in range(n)]
 for t in threads: t.start()
 gate.wait()
-found = [r for r in registry.read_registry().records if r.pid == os.getpid()]
+found = [r for r in read_registry().records if r.pid == os.getpid()]
 sizes = [os.path.getsize(os.path.join(os.environ["CPUPIN_LOCK_DIR"], f))
          for f in os.listdir(os.environ["CPUPIN_LOCK_DIR"]) if f.startswith("cpupin-proc-")]
 print(json.dumps({"found": len(found), "pins": len(found[0].pins) if found else 0,
@@ -279,9 +281,10 @@ SQUATTED_TMP = r"""
 import json, os, sys
 import cpupin
 from cpupin.registry import writer as registry
+from cpupin.registry.reader import read_registry
 sys.stdin.readline()  # the squatter plants its names meanwhile
 pin = cpupin.pin_current_thread(cpupin.process_cpus(), role="step")
-print(json.dumps([p.role for p in registry.read_registry().pins_of(os.getpid())]))
+print(json.dumps([p.role for p in read_registry().pins_of(os.getpid())]))
 """
 
 
@@ -320,12 +323,13 @@ MOVED_UNDER = r"""
 import json, os, sys
 import cpupin
 from cpupin.registry import writer as registry
+from cpupin.registry.reader import read_registry
 first = cpupin.pin_current_thread(cpupin.process_cpus(), role="first")
 print("ready", flush=True)
 sys.stdin.readline()  # the record is moved, removed or its directory swapped
 second = cpupin.pin_current_thread(cpupin.process_cpus(), role="second")
 third = cpupin.Thread(target=lambda: None)
-print(json.dumps(sorted(p.role for p in registry.read_registry().pins_of(os.getpid()))))
+print(json.dumps(sorted(p.role for p in read_registry().pins_of(os.getpid()))))
 """
 
 

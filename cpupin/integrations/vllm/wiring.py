@@ -565,7 +565,7 @@ def _after_omp_plan(manager: Any, mode: str) -> None:
 
 
 def _parent_is_api_server(pid: int) -> bool:
-    from cpupin.registry.writer import read_registry
+    from cpupin.registry.reader import read_registry
 
     try:
         return any(
