@@ -17,16 +17,15 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 # Recorded at import, from the main thread, before anything can pin: the
-# process mask (see cpupin.process.mask). Pinning (cpupin.threads.thread, with the
-# record it writes) is imported here too: a signal handler that pins while
+# process mask (see cpupin.process.mask). Pinning (cpupin.threads.pins, with the
+# record it writes) and cpupin.Thread are imported here too: a signal handler that pins while
 # the main thread is in the middle of a first, lazy import of it would
 # find it half made. Everything else is imported on first use, so that
 # ``import cpupin`` costs little more than the native layer
 # (bench/RESULTS.md).
 from cpupin.process.mask import process_cpus, set_process_cpus
-from cpupin.threads.thread import (
+from cpupin.threads.pins import (
     Pin,
-    Thread,
     ThreadInfo,
     pin_current_thread,
     pin_step_thread,
@@ -35,6 +34,7 @@ from cpupin.threads.thread import (
     register_warmup,
     stray_threads,
 )
+from cpupin.threads.thread import Thread
 
 if TYPE_CHECKING:
     from cpupin._native import (

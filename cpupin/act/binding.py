@@ -205,7 +205,7 @@ def _move_every_thread(cpus: frozenset[int]) -> str:
     the old mask) are caught by another pass over the list, until a pass
     finds nothing to move; returns what was left or released, and why, or
     an empty string."""
-    from cpupin.threads.thread import _drop_pins, pinned_threads
+    from cpupin.threads.pins import _drop_pins, pinned_threads
 
     pins = pinned_threads()
     kept = {tid for tid, pin in pins.items() if pin <= cpus}

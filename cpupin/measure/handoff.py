@@ -27,7 +27,8 @@ from cpupin import _native
 from cpupin.cpulist import format_cpulist
 from cpupin.host.topology import Host
 from cpupin.process.mask import process_cpus
-from cpupin.threads.thread import Thread, pin_current_thread
+from cpupin.threads.pins import pin_current_thread
+from cpupin.threads.thread import Thread
 
 __all__ = ["HandoffResult", "handoff", "handoff_matrix", "handoff_python", "pair_kinds"]
 

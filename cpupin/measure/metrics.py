@@ -43,7 +43,7 @@ from cpupin.measure.sampling import process_mask_of
 from cpupin.pools.census import census
 from cpupin.process.mask import process_cpus, thread_masks
 from cpupin.registry.reader import Record, Registry, read_registry
-from cpupin.threads.thread import pinned_roles
+from cpupin.threads.pins import pinned_roles
 
 __all__ = ["ProcessesCollector", "ServerStepsCollector", "ThreadCollector"]
 

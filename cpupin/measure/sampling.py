@@ -21,7 +21,7 @@ from cpupin.host.throttle import ThrottleProbe, Throttling
 from cpupin.process.mask import process_cpus, start_time, thread_masks
 from cpupin.process.outside import process_mask_of, registry_of
 from cpupin.registry.reader import Record, Registry
-from cpupin.threads.thread import pinned_threads
+from cpupin.threads.pins import pinned_threads
 
 __all__ = [
     "Audit",

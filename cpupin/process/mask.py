@@ -96,7 +96,7 @@ def _inherit() -> frozenset[int] | None:
 _process_cpus: frozenset[int] | None = _inherit() or _record()
 
 
-# This process's registered pins (tid to CPUs): cpupin.threads.thread, which keeps
+# This process's registered pins (tid to CPUs): cpupin.threads.pins, which keeps
 # them, installs its reader here, so that the modules that size pools read
 # them without importing it (it imports them).
 _own_pins: Callable[[], Mapping[int, frozenset[int]]] = dict

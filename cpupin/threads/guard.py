@@ -54,15 +54,15 @@ def check_pins(*, reapply: bool = False) -> list[Drift]:
     counted, logged once, and put in the process's record."""
     global _total, _last
     from cpupin.process.mask import process_cpus
-    from cpupin.threads import thread as threads
+    from cpupin.threads import pins as table
 
-    with threads._pins_lock:
-        pins = list(threads._pins.items())
+    with table._pins_lock:
+        pins = list(table._pins.items())
     drifts = []
     mask = process_cpus()
     nccl = nccl_loaded()
     for tid, (cpus, role, name, started) in pins:
-        found = threads._drift(tid, cpus, role, name, started, mask, nccl)
+        found = table._drift(tid, cpus, role, name, started, mask, nccl)
         if found is None:
             continue  # on its pin, or it exited: the next publish drops its pin
         if reapply:

@@ -848,7 +848,7 @@ PIN_ON_TREE = """
 import json, os, sys
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.registry import writer as registry
-from cpupin.threads.thread import pinned_threads
+from cpupin.threads.pins import pinned_threads
 vllm_plugin._state.update(role="vllm-worker", mode="auto")
 vllm_plugin._bind_to_gpu(0, "worker", root=sys.argv[1])
 vllm_plugin._pin_step_on_gpu(0, root=sys.argv[1])

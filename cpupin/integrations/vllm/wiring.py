@@ -312,7 +312,7 @@ def _first_step() -> tuple[Callable[[], int], Callable[[], int]] | tuple[()]:
 def _register_step_pin() -> None:
     """Say in the record that the step thread is where vLLM bound it."""
     from cpupin import _native
-    from cpupin.threads.thread import pin_current_thread
+    from cpupin.threads.pins import pin_current_thread
 
     try:
         pin_current_thread(_native.get_affinity(), role="step")
@@ -330,7 +330,7 @@ def _pin_step_on_gpu(local_rank: int, root: str = "/") -> None:
     from cpupin.act.server import plan_server
     from cpupin.errors import PlanError
     from cpupin.plan.placement import ENV_SETTING, setting_from_env
-    from cpupin.threads.thread import pin_current_thread
+    from cpupin.threads.pins import pin_current_thread
 
     try:
         setting = setting_from_env(os.environ)
