@@ -131,9 +131,13 @@ class Sampler:
 
     def start(self) -> Sampler:
         self._same_process()
+        # The clock is read before the first figures and after the last
+        # (:meth:`stop`), so the wall interval holds every thread's: a thread
+        # can then never show more than 1000 ms of CPU a second, whatever
+        # delays the reads between (a busy host, the throttling probe).
+        self._start = time.monotonic_ns()
         self._first = {st.tid: st for st in _native.thread_stats(self.pid)}
         self._probe.start()
-        self._start = time.monotonic_ns()
         return self
 
     def stop(self) -> list[ThreadSample]:
