@@ -76,8 +76,12 @@ def test_two_spinners_on_one_cpu_each_wait_half_the_time():
             child.kill()
             child.wait()
     for s in samples:
-        assert 250 < s.cpu_ms_per_s < 750
-        assert 250 < s.wait_ms_per_s < 750
+        # Never blocked: running or waiting all the interval, busy host or not.
+        assert 800 < s.cpu_ms_per_s + s.wait_ms_per_s <= 1020
+        # Its one CPU is shared with the other spinner, which runs as much
+        # (and with whatever else the host runs there): at most about half
+        # of it for each, and a wait of at least about half.
+        assert s.cpu_ms_per_s < 600 and s.wait_ms_per_s > 400
         assert s.last_cpu == cpu and s.mask == {cpu}
 
 
