@@ -5,9 +5,10 @@
 ``smp_affinity_list``: its CPUs less the ones to keep clear, else its NUMA
 node's, else every online CPU's; a managed IRQ (the kernel spreads a
 multi-queue device and refuses the write with ``EIO``) is left, with a
-reason. :func:`apply_moves` writes them (root), records what each IRQ had
-in the lock directory, and :func:`restore_moves` puts back each one whose
-affinity is still the one written. irqbalance, where it runs, would move
+reason. :func:`apply_moves` writes them (root) as a transaction, each
+journaled before it is written (:mod:`cpupin.registry.journal`), and
+:func:`restore_moves` puts back each one whose affinity is still the one
+written. irqbalance, where it runs, would move
 them again: :func:`cpupin.host.irqs.irqbalance_advice` gives the setting that
 keeps it off those CPUs.
 """
@@ -17,21 +18,18 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cpupin.cpulist import format_cpulist, parse_cpulist
-from cpupin.errors import excerpt, printable
+from cpupin.errors import printable
+from cpupin.host._proc import exited
 from cpupin.host._sysfs import Reader
 from cpupin.host.irqs import IrqOnPin
-from cpupin.registry._record import VERSION, encode, lock_dir, open_lock_dir
+from cpupin.registry.journal import locked
+from cpupin.registry.moves import IrqEntry, irq_entries
 
-__all__ = ["MOVES_FILE", "IrqMove", "apply_moves", "plan_moves", "restore_moves"]
-
-#: The file in the lock directory that records the IRQs moved, and from where.
-MOVES_FILE = "cpupin-irq-moves.json"
-#: The most IRQs one record holds.
-MAX_MOVES = 4096
+__all__ = ["IrqMove", "apply_moves", "plan_moves", "restore_moves"]
 
 
 @dataclass(frozen=True)
@@ -122,173 +120,148 @@ def read_context(
     return smp, nodes, online
 
 
-def _boot_id(root: str) -> str:
-    with Reader(root) as r:
-        text = r.text("proc/sys/kernel/random/boot_id", 64) or ""
-    text = text.strip()
-    return text if len(text) <= 40 and all(c in "0123456789abcdef-" for c in text) else ""
+def _refusal(exc: OSError) -> str:
+    if exc.errno == errno.EIO:
+        return "the kernel refused it (EIO): a managed IRQ, it cannot move"
+    if exc.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0:
+        return f"not permitted ({exc.strerror}): moving IRQs needs root"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"the kernel refused it ({exc.strerror}): its chip or driver fixes its affinity"
+    return printable(str(exc.strerror or exc), 160)
 
 
 def apply_moves(
     moves: Iterable[IrqMove], *, root: str = "/", directory: str | None = None
 ) -> tuple[list[IrqMove], list[str]]:
-    """Write each planned move, and record what each IRQ had (in
-    ``directory``'s :data:`MOVES_FILE`, added to what an earlier run moved).
-    Returns the moves made and a line for each left, with why (``EIO``: the
-    kernel manages it; ``EACCES``: root only)."""
+    """Write each planned move as a transaction: under the IRQ journal's
+    lock, every move is journaled (what the IRQ had, what it gets, and
+    this process as the one making it) before the first write; then the
+    writes; then each move made is journaled as done (kept until
+    :func:`restore_moves`) and each refused is dropped. A process killed
+    between any two steps leaves its moves named in the journal, with the
+    value to put back (``cpupin ps`` shows them, ``ps --prune`` and
+    ``irqs --restore`` put them back). Returns the moves made and a line for
+    each left, with why (``EIO``: the kernel manages it; ``EACCES``: root
+    only). :class:`ValueError` before any write when the journal would
+    outgrow what a reader reads; ``OSError`` when it cannot be written."""
+    wanted = [m for m in moves]
+    notes = [f"IRQ {m.irq} ({m.name}) left: {m.reason}" for m in wanted if m.after is None]
+    wanted = [m for m in wanted if m.after is not None]
     done: list[IrqMove] = []
-    notes: list[str] = []
-    with Reader(root) as r:
-        for m in moves:
-            if m.after is None:
-                notes.append(f"IRQ {m.irq} ({m.name}) left: {m.reason}")
-                continue
-            try:
-                r.write(f"proc/irq/{m.irq}/smp_affinity_list", format_cpulist(m.after))
-            except OSError as exc:
-                if exc.errno == errno.EIO:
-                    why = "the kernel refused it (EIO): a managed IRQ, it cannot move"
-                elif exc.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0:
-                    why = f"not permitted ({exc.strerror}): moving IRQs needs root"
-                elif exc.errno in (errno.EACCES, errno.EPERM):
-                    why = (
-                        f"the kernel refused it ({exc.strerror}): its chip or driver fixes "
-                        "its affinity"
-                    )
-                else:
-                    why = printable(str(exc.strerror or exc), 160)
-                notes.append(f"IRQ {m.irq} ({m.name}) left: {why}")
-                continue
-            done.append(m)
-    if done:
-        _record(done, root, directory)
+    if not wanted:
+        return done, notes
+    owner = (os.getpid(), _own_start())
+    with locked("irq", root, directory) as journal:
+        found = irq_entries(journal.entries)
+        kept = dict(found)
+        now = round(time.time(), 3)
+        for m in wanted:
+            # An IRQ moved twice goes back to what it had before the first move.
+            first = found.get(m.irq)
+            kept[m.irq] = IrqEntry(
+                first.before if first else format_cpulist(m.before),
+                format_cpulist(m.after or ()),
+                owner,
+                first.since if first else now,
+            )
+        journal.entries = {k: e.as_entry() for k, e in sorted(kept.items(), key=_by_number)}
+        journal.encoded()  # ValueError here, before anything is moved
+        journal.save()
+        if checkpoint is not None:
+            checkpoint("journaled")
+        with Reader(root) as r:
+            for m in wanted:
+                try:
+                    r.write(f"proc/irq/{m.irq}/smp_affinity_list", format_cpulist(m.after or ()))
+                except OSError as exc:
+                    notes.append(f"IRQ {m.irq} ({m.name}) left: {_refusal(exc)}")
+                    if m.irq in found:
+                        kept[m.irq] = found[m.irq]  # as it was: moved by an earlier run
+                    else:
+                        del kept[m.irq]
+                    continue
+                done.append(m)
+                if checkpoint is not None:
+                    checkpoint(f"IRQ {m.irq}")
+        for m in done:
+            kept[m.irq] = kept[m.irq]._replace(owner=None)
+        journal.entries = {k: e.as_entry() for k, e in sorted(kept.items(), key=_by_number)}
+        journal.save()
     return done, notes
 
 
-def _record(done: list[IrqMove], root: str, directory: str | None) -> None:
-    where = lock_dir(directory)
-    old = _read(where, root)[0]
-    kept = {e["irq"]: e for e in old}
-    for m in done:
-        # An IRQ moved twice goes back to what it had before the first move.
-        first = kept.get(m.irq, {"before": format_cpulist(m.before)})
-        kept[m.irq] = {
-            "irq": m.irq,
-            "before": first["before"],
-            "after": format_cpulist(m.after or ()),
-        }
-    body = encode(
-        {
-            "boot_id": _boot_id(root),
-            "root": os.path.abspath(root),
-            "time": round(time.time(), 3),
-            "moves": list(kept.values())[:MAX_MOVES],
-            "version": VERSION,
-        },
-        None,
-    )
-    dir_fd = open_lock_dir(where)
-    try:
-        tmp = f"cpupin-tmp-{os.getpid()}-{os.urandom(8).hex()}.tmp"
-        fd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=dir_fd,
-        )
-        try:
-            os.write(fd, body)
-        finally:
-            os.close(fd)
-        os.replace(tmp, MOVES_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
+#: Called at each step of :func:`apply_moves` (tests kill the process there).
+checkpoint: Callable[[str], None] | None = None
 
 
-def _read(where: str, root: str) -> tuple[list[dict[str, str]], str]:
-    """The moves recorded in ``where`` (hostile, opened and checked as a
-    registry record is: regular, one link, bounded, this user's, its
-    checksum), and why none where there are none."""
-    from cpupin.registry._files import decode_file, open_record, reason
-
-    try:
-        dir_fd = open_lock_dir(where)
-    except OSError as exc:
-        return [], f"{where}: {exc.strerror}"
-    try:
-        fd, info = open_record(dir_fd, MOVES_FILE)
-    except FileNotFoundError:
-        return [], "no IRQ moved by cpupin is recorded there"
-    except (OSError, ValueError) as exc:
-        return [], f"{MOVES_FILE}: {reason(exc)}"
-    finally:
-        os.close(dir_fd)
-    if info.st_uid != os.geteuid():
-        os.close(fd)
-        return [], f"{MOVES_FILE}: owned by uid {info.st_uid}, not this user"
-    try:
-        record = decode_file(fd)
-    except (OSError, ValueError) as exc:
-        return [], f"{MOVES_FILE}: {excerpt(reason(exc), 80)}"
-    if record is None:
-        return [], f"{MOVES_FILE}: empty"
-    if record.get("boot_id") != _boot_id(root):
-        return [], f"{MOVES_FILE} was written before the last boot: its IRQs are as booted"
-    moves = record.get("moves")
-    if not isinstance(moves, list) or len(moves) > MAX_MOVES:
-        return [], f"{MOVES_FILE}: moves is not a list"
-    out = []
-    for e in moves:
-        if (
-            isinstance(e, dict)
-            and isinstance(e.get("irq"), str)
-            and e["irq"].isdigit()
-            and len(e["irq"]) <= 6
-            and isinstance(e.get("before"), str)
-            and isinstance(e.get("after"), str)
-        ):
-            out.append({"irq": e["irq"], "before": e["before"], "after": e["after"]})
-    return out, ""
+def _by_number(item: tuple[str, object]) -> int:
+    return int(item[0])
 
 
-def restore_moves(*, root: str = "/", directory: str | None = None) -> list[str]:
+def _own_start() -> int:
+    from cpupin.host._proc import start_time
+
+    return start_time(os.getpid()) or 0
+
+
+def restore_moves(
+    *, root: str = "/", directory: str | None = None, dead_only: bool = False
+) -> list[str]:
     """Put back each IRQ that cpupin moved (this boot), where its affinity
-    is still what cpupin wrote; a line for each, and the record goes once
-    nothing is left to put back."""
-    where = lock_dir(directory)
-    moves, why = _read(where, root)
-    if not moves:
-        return [why]
-    lines = []
-    with Reader(root) as r:
-        for e in moves:
-            rel = f"proc/irq/{e['irq']}/smp_affinity_list"
-            try:
-                before, after = parse_cpulist(e["before"]), parse_cpulist(e["after"])
-            except ValueError:
-                lines.append(f"IRQ {e['irq']}: its record is not a CPU list; left")
-                continue
-            now = r.cpus(rel)
-            if now is None:
-                lines.append(f"IRQ {e['irq']}: gone (its device removed?); nothing put back")
-                continue
-            if now != after:
-                lines.append(
-                    f"IRQ {e['irq']}: changed since ({format_cpulist(now)}, not "
-                    f"{format_cpulist(after)}): left as it is"
-                )
-                continue
-            try:
-                r.write(rel, format_cpulist(before))
-            except OSError as exc:
-                lines.append(f"IRQ {e['irq']}: cannot put back: {exc.strerror}")
-                continue
-            lines.append(f"IRQ {e['irq']}: back on {format_cpulist(before)}")
-    dir_fd = open_lock_dir(where)
+    is still what cpupin wrote: a line for each. Each entry stays in the
+    journal until its IRQ is back (a write refused keeps it, and says so);
+    one whose IRQ is gone, or was moved since by someone else, goes with a
+    line. ``dead_only``: only the moves of an apply whose process died
+    before it finished (``cpupin ps --prune``)."""
     try:
-        os.unlink(MOVES_FILE, dir_fd=dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+        with locked("irq", root, directory) as journal:
+            found = irq_entries(journal.entries)
+            if not found:
+                if dead_only:
+                    return []
+                return [journal.why_empty or "no IRQ moved by cpupin is recorded there"]
+            lines: list[str] = []
+            kept = dict(found)
+            with Reader(root) as r:
+                for irq, e in sorted(found.items(), key=_by_number):
+                    if dead_only and (e.owner is None or not exited(*e.owner)):
+                        continue
+                    line, keep = _put_back(r, irq, e)
+                    lines.append(line)
+                    if not keep:
+                        del kept[irq]
+            journal.entries = {k: e.as_entry() for k, e in sorted(kept.items(), key=_by_number)}
+            journal.save()
+    except OSError as exc:
+        return [f"the IRQ journal: {exc.strerror or exc}"]
+    remain = sum(1 for e in kept.values() if not dead_only or e.owner is not None)
+    if remain and not dead_only:
+        lines.append(
+            f"{remain} IRQ(s) still recorded as moved: cpupin irqs --restore tries them again"
+        )
     return lines
+
+
+def _put_back(r: Reader, irq: str, e: IrqEntry) -> tuple[str, bool]:
+    """Put one IRQ back; its line, and whether its entry stays."""
+    rel = f"proc/irq/{irq}/smp_affinity_list"
+    try:
+        before, after = parse_cpulist(e.before), parse_cpulist(e.after)
+    except ValueError:
+        return f"IRQ {irq}: its record is not a CPU list; left", False
+    now = r.cpus(rel)
+    if now is None:
+        return f"IRQ {irq}: gone (its device removed?); nothing put back", False
+    if now == before:
+        return f"IRQ {irq}: on {format_cpulist(before)} already", False
+    if now != after:
+        return (
+            f"IRQ {irq}: changed since ({format_cpulist(now)}, not {format_cpulist(after)}): "
+            "left as it is",
+            False,
+        )
+    try:
+        r.write(rel, format_cpulist(before))
+    except OSError as exc:
+        return f"IRQ {irq}: cannot put back on {format_cpulist(before)}: {_refusal(exc)}", True
+    return f"IRQ {irq}: back on {format_cpulist(before)}", False

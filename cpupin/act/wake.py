@@ -7,9 +7,13 @@ exceeds what PM QoS allows it. Two ways to say so, both files:
 - ``/sys/devices/system/cpu/cpuN/power/pm_qos_resume_latency_us``, a CPU at
   a time (root). ``n/a`` accepts no latency at all (the CPU polls when
   idle), a number accepts that many µs, ``0`` lifts the limit. The value
-  outlives the process that wrote it, so a hold records the value it
-  replaced in the process's record and puts it back on release, at exit,
-  and from ``cpupin ps --prune`` for a holder that died.
+  outlives the process that wrote it, so holds on a CPU are shared state
+  in the host's wake journal (:mod:`cpupin.registry.holds`): the value
+  the host had, kept by the first holder and handed on, each holder, and
+  the strictest live bound written; journaled before each write, under one
+  lock. The CPU goes back to the host's value when the last live holder
+  lets go: on release, at exit, or, for holders that died, at the next
+  hold, release or ``cpupin ps --prune``.
 - ``/dev/cpu_dma_latency``, every CPU at once: a request that lasts while
   the descriptor is open, so the kernel drops it however the holder exits,
   and a descriptor left open across ``exec`` keeps it for the new program
@@ -39,7 +43,6 @@ from cpupin.host._pmqos import (
     SYSFS,
     format_resume_latency,
     parse_resume_latency,
-    restore,
     why,
 )
 from cpupin.host._sysfs import Reader
@@ -95,7 +98,9 @@ class WakeHold:
     """For ``dma``: the open request (``-1`` once released)."""
     released: bool = False
     notes: list[str] = field(default_factory=list)
-    """What release could not put back, and why."""
+    """What the hold shares, and what release could not put back, and why."""
+    number: int = 0
+    """Which of this process's holds it is (the journal's key, with the pid)."""
 
     def as_record(self) -> dict[str, object]:
         """What the process's record carries of it."""
@@ -105,8 +110,6 @@ class WakeHold:
             "max_us": self.max_us,
             "since": round(self.since, 3),
         }
-        if self.mechanism == "sysfs":
-            out["previous"] = {str(c): v for c, v in sorted(self.previous.items())}
         return out
 
     def describe(self) -> str:
@@ -132,7 +135,7 @@ class WakeHold:
                         pass
                     self.fd = -1
             else:
-                self.notes.extend(restore(self.previous, self.max_us, self.root))
+                self.notes.extend(_let_go(self))
             if self in _held:
                 _held.remove(self)
             _publish()
@@ -206,8 +209,10 @@ def hold_wake_latency(
     (released by the kernel however the process exits); ``auto`` is
     ``sysfs`` for named CPUs and ``dma`` for ``cpus=None``. Raises
     :class:`HoldRefused`, saying why, on a host without cpuidle, without
-    root, where a container hides or mounts the files read-only, and for a
-    CPU another live process holds; ``ValueError`` for a bad argument.
+    root, and where a container hides or mounts the files read-only;
+    ``ValueError`` for a bad argument. A CPU another hold has already (of
+    this process or another) is shared: the stricter bound holds while both
+    live, and :attr:`WakeHold.notes` names the other holder.
     ``root``: a tree standing for ``/`` (tests)."""
     max_us = _checked_us(max_us)
     if mechanism not in ("auto", "sysfs", "dma"):
@@ -281,14 +286,21 @@ def hold_for_exec(max_us: int) -> int:
 
 
 def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> WakeHold:
-    others = _held_elsewhere(cpus)
-    if others:
-        raise HoldRefused(errno.EBUSY, others)
-    previous: dict[int, str] = {}
-    for cpu in sorted(cpus):
+    """Hold ``cpus`` through sysfs as a share of their journaled state
+    (:mod:`cpupin.registry.holds`): journaled under the journal's lock
+    before any write, all or nothing."""
+    from cpupin.registry import holds as shared
+    from cpupin.registry.journal import locked
+
+    global _count
+    with _lock:
+        _count += 1
+        number = _count
+    me = shared.Holder(os.getpid(), _own_start(), number, max_us, round(time.time(), 3))
+
+    def original(cpu: int) -> str:
         text = r.text(SYSFS.format(cpu), 32)
         if text is None:
-            _undo(r, previous)
             raise HoldRefused(
                 errno.ENOENT,
                 f"CPU {cpu} exposes no power/pm_qos_resume_latency_us here (a container may "
@@ -297,59 +309,76 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
         try:
             parse_resume_latency(text)
         except ValueError as exc:
-            _undo(r, previous)
             raise HoldRefused(errno.EINVAL, f"CPU {cpu}'s resume latency: {exc}") from None
-        try:
-            r.write(SYSFS.format(cpu), format_resume_latency(max_us))
-        except OSError as exc:
-            _undo(r, previous)
-            raise HoldRefused(
-                exc.errno or errno.EIO,
-                why(exc, f"CPU {cpu}'s pm_qos_resume_latency_us")
-                + f"; or hold every CPU through {DMA_LATENCY} (mechanism='dma')",
-            ) from None
-        previous[cpu] = text.strip()
-    return WakeHold(cpus, max_us, "sysfs", time.time(), previous, root)
+        return text.strip()
 
-
-def _undo(r: Reader, previous: dict[int, str]) -> None:
-    """A hold refused half way puts back what it wrote: all or nothing."""
-    for cpu, before in previous.items():
-        try:
-            r.write(SYSFS.format(cpu), before)
-        except OSError:
-            pass
-
-
-def _held_elsewhere(cpus: frozenset[int]) -> str:
-    """Why another live process's sysfs hold on one of ``cpus`` refuses
-    this one (one value a CPU: the later hold would undo the earlier at its
-    release), or empty. This process's own holds count too: releasing the
-    first of two on one CPU would end the second."""
-    for mine in holds():
-        if mine.mechanism == "sysfs" and mine.cpus & cpus:
-            return (
-                f"CPUs {format_cpulist(mine.cpus & cpus)} are held by this process already "
-                f"({mine.describe()}): release that hold first"
-            )
     try:
-        from cpupin.registry.reader import read_registry
-
-        found = read_registry()
-    except (OSError, ValueError):
-        return ""
-    me = os.getpid()
-    for record in found.records:
-        if record.kind != "process" or not record.live or record.pid == me:
-            continue
-        for h in record.wake_holds:
-            if h.mechanism == "sysfs" and h.cpus & cpus:
-                return (
-                    f"CPUs {format_cpulist(h.cpus & cpus)} are held by pid {record.pid} "
-                    f"(since {time.strftime('%H:%M:%S', time.localtime(h.since))}): hold "
-                    "others, or let that process release them"
+        with locked("wake", root) as journal:
+            try:
+                notes, together = shared.settle(
+                    journal, r, joining=me, cpus=cpus, read_original=original
                 )
-    return ""
+            except OSError as exc:
+                # Undo from the journal: what this hold wrote goes back.
+                try:
+                    shared.settle(journal, r, leaving=(me.pid, me.start, me.hold))
+                except OSError:
+                    pass  # left in the journal: the next settle puts it back
+                if isinstance(exc, HoldRefused):
+                    raise
+                raise HoldRefused(
+                    exc.errno or errno.EIO,
+                    why(exc, f"CPUs {format_cpulist(cpus)}'s pm_qos_resume_latency_us")
+                    + f"; or hold every CPU through {DMA_LATENCY} (mechanism='dma')",
+                ) from None
+            originals = {c: e.original for c, e in shared.entries(journal.entries).items()}
+            others = _others(journal, cpus, me)
+    except HoldRefused:
+        raise
+    except OSError as exc:
+        raise HoldRefused(
+            exc.errno or errno.EIO,
+            f"the wake journal: {exc.strerror or exc}: a hold through sysfs is journaled "
+            "before it is written",
+        ) from None
+    hold = WakeHold(
+        cpus, max_us, "sysfs", me.since, {c: originals[c] for c in cpus if c in originals}, root
+    )
+    hold.number = number
+    hold.notes.extend(notes)
+    if together:
+        hold.notes.append(
+            f"CPUs {format_cpulist(together)} shared with {others}: the strictest bound holds "
+            "while more than one lives, and each CPU goes back when the last lets go"
+        )
+    return hold
+
+
+_count = 0
+
+
+def _own_start() -> int:
+    from cpupin.host._proc import start_time
+
+    return start_time(os.getpid()) or 0
+
+
+def _others(journal: object, cpus: frozenset[int], me: object) -> str:
+    from cpupin.registry import holds as shared
+
+    assert hasattr(journal, "entries")
+    pids = sorted(
+        {
+            h.pid
+            for c, e in shared.entries(journal.entries).items()
+            if c in cpus
+            for h in e.holders
+            if h != me
+        }
+    )
+    if not pids:
+        return "another hold"
+    return "pid " + ", ".join(map(str, pids)) if pids != [os.getpid()] else "this process's holds"
 
 
 def _publish() -> None:
@@ -358,6 +387,23 @@ def _publish() -> None:
     from cpupin.registry import writer as registry
 
     registry.describe_process(wake_holds=[h.as_record() for h in holds()])
+
+
+def _let_go(hold: WakeHold) -> list[str]:
+    """A sysfs hold's share given up, from the journal: each CPU gets the
+    bound of the holders still living, or its original value."""
+    from cpupin.registry import holds as shared
+    from cpupin.registry.journal import locked
+
+    try:
+        with locked("wake", hold.root) as journal, Reader(hold.root) as r:
+            notes, _ = shared.settle(journal, r, leaving=(os.getpid(), _own_start(), hold.number))
+    except OSError as exc:
+        return [
+            f"CPUs {format_cpulist(hold.cpus)}: {exc.strerror or exc}: left in the wake journal; "
+            "cpupin ps --prune puts them back"
+        ]
+    return notes
 
 
 def _release_all() -> None:

@@ -4,6 +4,7 @@ in the lock directory, with each pinned thread's CPU and run-queue wait."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         restored: list[str] = []
         for path in prune(where, restored):
             print(f"pruned   {printable(path, 200)}", file=sys.stderr)
+        restored += _prune_irqs(where)
         for line in restored:
             print(f"restored {printable(line, 200)}", file=sys.stderr)
     registry = read_registry(where)
@@ -69,6 +71,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _text(data)
     return 0
+
+
+def _prune_irqs(where: str) -> list[str]:
+    """Put back the IRQ moves of an apply that died half way (root only)."""
+    from cpupin.act.irq_steer import restore_moves
+    from cpupin.registry.journal import journals
+
+    if os.geteuid() != 0:
+        return []
+    lines = []
+    for root in journals("irq", where):
+        if root == "/" or os.path.isdir(root):
+            lines += restore_moves(root=root, directory=where, dead_only=True)
+    return lines
 
 
 def _text(data: dict[str, object]) -> None:
@@ -94,6 +110,8 @@ def _text(data: dict[str, object]) -> None:
         for line in [*_about_lines(p), *_thread_lines(p)]:
             print(prefix + line)
         _print_pools(p, prefix)
+    for line in _still_applied_lines(data):
+        print(line)
     for line in _left_out_lines(data, [*servers, *processes]):
         print(line)
 
@@ -180,6 +198,18 @@ def _print_pools(p: dict[str, Any], prefix: str) -> None:
         print(line)
     for line in memory_lines(p["memory"]) if p.get("memory") else []:
         print(prefix + line)
+
+
+def _still_applied_lines(data: dict[str, object]) -> list[str]:
+    """What cpupin changed on the host that no live process owns."""
+    changes = data.get("still_applied")
+    assert isinstance(changes, list)
+    return [
+        f"applied  {printable(c['what'], 200)}"
+        + ("" if c["root"] == "/" else f" (under {printable(c['root'], 80)})")
+        + f": still applied; {c['undo']} puts it back"
+        for c in changes
+    ]
 
 
 def _left_out_lines(data: dict[str, object], records: list[Any]) -> list[str]:

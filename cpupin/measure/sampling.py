@@ -402,6 +402,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
         "processes": processes,
         "ignored": [{"path": path, "reason": reason} for path, reason in registry.ignored],
         "not_listed": registry.not_listed,
+        "still_applied": registry.still_applied,
     }
 
 

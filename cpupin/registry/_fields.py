@@ -105,7 +105,9 @@ class RecordedHold(NamedTuple):
     max_us: int
     since: float
     previous: tuple[tuple[int, str], ...]
-    """``sysfs``: each CPU's value before the hold, to put back."""
+    """``sysfs``, in a record of a cpupin before the wake journal: each CPU's
+    value before the hold. The journal keeps them now
+    (:mod:`cpupin.registry.holds`)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -144,7 +146,7 @@ def hold_list(value: object, host: frozenset[int]) -> tuple[RecordedHold, ...]:
         cpus = cpu_list(h.get("cpus"), "a wake hold's", host)
         previous: list[tuple[int, str]] = []
         raw = h.get("previous")
-        if mechanism == "sysfs":
+        if mechanism == "sysfs" and raw is not None:  # written by a cpupin before the journal
             if not isinstance(raw, dict) or len(raw) != len(cpus):
                 raise ValueError("a sysfs wake hold's previous values are not one a CPU")
             for key, text in raw.items():

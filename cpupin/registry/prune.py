@@ -8,49 +8,20 @@ from __future__ import annotations
 import os
 import stat
 
-from cpupin import _native
-from cpupin.cpulist import format_cpulist
 from cpupin.host._proc import exited
-from cpupin.registry._fields import hold_list
-from cpupin.registry._files import PROC_NAME, decode_file, gone_because, open_record, reason
+from cpupin.registry._files import PROC_NAME, decode_file, gone_because, open_record
 from cpupin.registry._record import MAX_RECORDS, lock_dir, open_lock_dir
 
 __all__ = ["prune", "prune_members"]
 
 
-def _restore_holds(record: dict[str, object], pid: int, started: int) -> list[str]:
-    """Put back the sysfs wake-latency holds a dead process's decoded
-    record lists (a line for each); root's records only, as only root could
-    have written those values."""
-    from cpupin.host._pmqos import restore
+def _restore_holds(directory: str | None) -> list[str]:
+    """Settle the wake journals (root only: only root could have written
+    the values): each CPU whose holders all died goes back to the value the
+    host had. A line for each."""
+    from cpupin.registry.holds import settle_all
 
-    if "wake_holds" not in record:
-        return []
-    if (record.get("pid"), record.get("start_time")) != (pid, started):
-        return [f"pid {pid}: its record names another process; its holds left as they are"]
-    try:
-        holds = hold_list(record.get("wake_holds"), _native.online_cpus())
-    except (OSError, ValueError) as exc:
-        return [f"pid {pid}: its wake holds could not be read ({reason(exc)}); left as they are"]
-    notes = []
-    for h in holds:
-        if h.mechanism != "sysfs":
-            continue  # the kernel dropped a dma request with its descriptor
-        left = restore(dict(h.previous), h.max_us)
-        notes.append(
-            f"pid {pid}: wake latency of CPUs {format_cpulist(h.cpus)} put back"
-            + (f" ({'; '.join(left)})" if left else "")
-        )
-    return notes
-
-
-def _decoded(dir_fd: int, name: str) -> dict[str, object] | None:
-    """A record file's record (opened and checked as any is), else ``None``."""
-    try:
-        fd, _ = open_record(dir_fd, name)
-        return decode_file(fd)
-    except (OSError, ValueError):
-        return None
+    return settle_all(directory) if os.geteuid() == 0 else []
 
 
 def prune_members(server: tuple[int, int], directory: str | None = None) -> list[str]:
@@ -86,8 +57,6 @@ def prune_members(server: tuple[int, int], directory: str | None = None) -> list
                 continue
             if record is None or record.get("server") != list(server):
                 continue
-            if os.geteuid() == 0:
-                _restore_holds(record, pid, started)  # a killed worker's CPUs come back
             try:
                 os.unlink(name, dir_fd=dir_fd)
                 removed.append(os.path.join(where, name))
@@ -95,6 +64,8 @@ def prune_members(server: tuple[int, int], directory: str | None = None) -> list
                 continue
     finally:
         os.close(dir_fd)
+    if removed:
+        _restore_holds(directory)  # a killed worker's CPUs come back
     return removed
 
 
@@ -108,12 +79,11 @@ def prune(
     removed (see :mod:`cpupin.registry.lock`): a stale server record there is
     harmless and is overwritten by the next server that takes the lock.
 
-    A dead process's wake-latency holds through sysfs outlive it: before its
-    record goes, each held CPU gets back the value it had before the hold,
-    where it still holds the held value (the record is parsed for this as
-    any record is, hostile; only root could have written those values, so
-    only root's records are read for them). What was put back, or why not,
-    goes to ``restored``."""
+    A dead process's wake-latency holds through sysfs outlive it: the wake
+    journals are settled (:func:`cpupin.registry.holds.settle_all`, root
+    only), so each CPU whose holders all died gets back the value the host
+    had, where it still holds one cpupin wrote. What was put back, or why
+    not, goes to ``restored``."""
     where = lock_dir(directory)
     removed = []
     me = os.geteuid()
@@ -127,15 +97,13 @@ def prune(
                 info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if info.st_uid != me or not stat.S_ISREG(info.st_mode):
                     continue
-                record = _decoded(dir_fd, name) if me == 0 else None
-                if record is not None:
-                    notes = _restore_holds(record, int(found.group(1)), int(found.group(2)))
-                    if restored is not None:
-                        restored.extend(notes)
                 os.unlink(name, dir_fd=dir_fd)
             except OSError:
                 continue
             removed.append(os.path.join(where, name))
     finally:
         os.close(dir_fd)
+    notes = _restore_holds(where)
+    if restored is not None:
+        restored.extend(notes)
     return removed

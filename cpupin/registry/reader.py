@@ -4,6 +4,7 @@ liveness. Imported on first use: a process that only pins never reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -135,6 +136,10 @@ class Registry:
     ignored: list[tuple[str, str]] = field(default_factory=list)
     not_listed: int = 0
     """Stale or ignored files past :data:`MAX_LISTED`, counted, not listed."""
+    still_applied: list[dict[str, object]] = field(default_factory=list)
+    """What cpupin changed on the host and has not put back, with no live
+    process owning it: CPUs whose wake-latency holders died, and IRQs moved
+    (:mod:`cpupin.registry.holds`, :mod:`cpupin.registry.moves`)."""
     _stale_count: int = field(default=0, repr=False, compare=False)
 
     def pins_of(self, pid: int) -> list[Pinned]:
@@ -319,7 +324,33 @@ def read_registry(
         _scan(registry, dir_fd, where, host)
     finally:
         os.close(dir_fd)
+    _changes(registry, where, host)
     return registry
+
+
+def _changes(registry: Registry, where: str, host: frozenset[int]) -> None:
+    """The journals' changes still applied, and each stale record's holds
+    as the wake journal still names them (a stale record is never parsed;
+    the journal, written before each hold, is the truth)."""
+    from cpupin.registry.holds import dead_holds, still_applied
+    from cpupin.registry.moves import still_moved
+
+    registry.still_applied = [*still_applied(where), *still_moved(where)]
+    dead = dead_holds(where)
+    for i, r in enumerate(registry.records):
+        held = dead.get((r.pid, r.start_time)) if r.kind == "process" and not r.live else None
+        if not held:
+            continue
+        by_hold: dict[tuple[int, float], set[int]] = {}
+        for h in held:
+            by_hold.setdefault((h.max_us, h.since), set()).add(h.hold)  # hold: the CPU here
+        registry.records[i] = dataclasses.replace(
+            r,
+            wake_holds=tuple(
+                RecordedHold("sysfs", frozenset(cpus) & host or frozenset(cpus), us, since, ())
+                for (us, since), cpus in sorted(by_hold.items())
+            ),
+        )
 
 
 def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> None:

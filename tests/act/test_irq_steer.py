@@ -14,10 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpupin.act import irq_steer
-from cpupin.act.irq_steer import MOVES_FILE, apply_moves, plan_moves
+from cpupin.act.irq_steer import apply_moves, plan_moves
 from cpupin.cpulist import parse_cpulist
 from cpupin.host._sysfs import Reader
 from cpupin.host.irqs import IrqOnPin
+from cpupin.registry.journal import journal_name
 from tests.support.helpers import run
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "irq-host"
@@ -59,6 +60,11 @@ def smp(root, irq):
     return (root / f"proc/irq/{irq}/smp_affinity_list").read_text().strip()
 
 
+def moves_file(locks, root):
+    """The IRQ journal of ``root`` in ``locks``."""
+    return locks / journal_name("irq", str(root))
+
+
 def cli(*args):
     return run([sys.executable, "-m", "cpupin", "irqs", *args])
 
@@ -70,7 +76,7 @@ def test_a_captured_host_is_moved_recorded_and_put_back(tmp_path):
     assert dry.returncode == 0, dry.stderr
     plan = {m["irq"]: m for m in json.loads(dry.stdout)["moves"]}
     assert [smp(root, i) for i in (120, 121, 122)] == ["2-3", "0-3", "0-7"]  # a dry run
-    assert not (locks / MOVES_FILE).exists()
+    assert not moves_file(locks, root).exists()
     assert plan["121"]["after"] is None and "managed" in plan["121"]["reason"]
     out = cli("--root", str(root), "--cpus", "2-3", "--lock-dir", str(locks), "--apply")
     assert out.returncode == 0, out.stderr
@@ -82,7 +88,7 @@ def test_a_captured_host_is_moved_recorded_and_put_back(tmp_path):
     assert back.returncode == 0, back.stderr
     assert smp(root, 120) == "2-3" and smp(root, 122) == "5"
     assert "IRQ 122: changed since" in back.stdout
-    assert not (locks / MOVES_FILE).exists()
+    assert not moves_file(locks, root).exists()
     again = cli("--root", str(root), "--lock-dir", str(locks), "--restore")
     assert "no IRQ moved by cpupin is recorded" in again.stdout
 
@@ -101,7 +107,7 @@ def test_a_hostile_record_writes_nothing(tmp_path, kind):
     root, locks = tree(tmp_path), tmp_path / "locks"
     locks.mkdir()
     assert cli("--root", str(root), "--cpus", "2-3", "--lock-dir", str(locks), "--apply")
-    record = locks / MOVES_FILE
+    record = moves_file(locks, root)
     if kind == "garbage":
         record.write_bytes(os.urandom(300))
     elif kind == "symlink":
@@ -132,7 +138,7 @@ def test_a_write_the_kernel_refuses_is_left_with_why(tmp_path, monkeypatch):
     done, left = apply_moves(moves, root=str(root), directory=str(tmp_path))
     assert done == [] and len(left) == 2
     assert "managed IRQ" in left[0] and "Invalid argument" in left[1]
-    assert not (tmp_path / MOVES_FILE).exists()
+    assert not moves_file(tmp_path, root).exists()
 
 
 def test_bad_input_names_the_value(tmp_path):

@@ -96,6 +96,14 @@ def lock_dir(tmp_path, monkeypatch):
         hold.release()
 
 
+def journaled(root):
+    """The wake journal's entries for ``root``, by CPU."""
+    from cpupin.registry.holds import entries
+    from cpupin.registry.journal import read_journal
+
+    return entries(read_journal("wake", str(root))[0])
+
+
 def own_record(where):
     found = read_registry(str(where))
     (record,) = [r for r in found.records if r.kind == "process" and r.pid == os.getpid()]
@@ -116,10 +124,11 @@ def test_a_hold_writes_the_bound_records_what_it_replaced_and_puts_it_back(
     assert hold.previous == before and hold.mechanism == "sysfs"
     (recorded,) = own_record(lock_dir).wake_holds
     assert recorded.cpus == set(held) and recorded.max_us == max_us
-    assert dict(recorded.previous) == before
+    assert {c: e.original for c, e in journaled(root).items()} == before
     assert hold.release() == []
     assert [value(root, c) for c in every] == [before.get(c, "0") for c in every]
     assert own_record(lock_dir).wake_holds == ()
+    assert journaled(root) == {}
     assert hold.release() == []  # twice is once
 
 
@@ -163,13 +172,21 @@ def test_a_hidden_or_hostile_file_refuses_the_whole_hold(tmp_path, lock_dir, kin
     assert wake.holds() == []
 
 
-def test_a_cpu_this_process_holds_already_is_refused(tmp_path, lock_dir):
-    root = tree(tmp_path / "root")
-    with cpupin.hold_wake_latency({1, 2}, 0, root=str(root)):
-        with pytest.raises(cpupin.HoldRefused, match="held by this process already"):
-            cpupin.hold_wake_latency({2, 3}, 50, root=str(root))
-        assert value(root, 3) == "0"
-    assert [value(root, c) for c in range(4)] == ["0"] * 4
+@pytest.mark.parametrize("first_out", [True, False])
+def test_two_holds_of_one_cpu_share_it_and_the_stricter_bound_holds(tmp_path, lock_dir, first_out):
+    root = tree(tmp_path / "root", values={1: "5", 2: "6", 3: "7"})
+    first = cpupin.hold_wake_latency({1, 2}, 0, root=str(root))
+    second = cpupin.hold_wake_latency({2, 3}, 50, root=str(root))
+    assert [value(root, c) for c in range(4)] == ["0", "n/a", "n/a", "50"]
+    assert any("shared with this process's holds" in n for n in second.notes), second.notes
+    (first if first_out else second).release()
+    if first_out:
+        assert [value(root, c) for c in range(4)] == ["0", "5", "50", "50"]
+    else:
+        assert [value(root, c) for c in range(4)] == ["0", "n/a", "n/a", "7"]
+    (second if first_out else first).release()
+    assert [value(root, c) for c in range(4)] == ["0", "5", "6", "7"]
+    assert journaled(root) == {}
 
 
 def test_named_cpus_must_be_online_and_some(tmp_path, lock_dir):
@@ -193,18 +210,19 @@ sys.stdin.readline()
 """
 
 
-def test_a_cpu_another_live_process_holds_is_refused_naming_it(tmp_path, lock_dir):
+def test_a_cpu_another_live_process_holds_is_shared_naming_it(tmp_path, lock_dir):
     cpu = min(os.sched_getaffinity(0))  # online here: the child's record names it
-    root = tree(tmp_path / "root", cpus=tuple(range(cpu + 2)))
+    root = tree(tmp_path / "root", cpus=tuple(range(cpu + 2)), values={cpu: "9"})
     child = ready_child(HOLDER.replace("{CPUS}", f"{{{cpu}}}"), lock_dir, str(root))
     try:
-        with pytest.raises(cpupin.HoldRefused, match=f"pid {child.pid}"):
-            cpupin.hold_wake_latency({cpu, cpu + 1}, 0, root=str(root))
-        assert value(root, cpu + 1) == "0"  # refused before any write
-        cpupin.hold_wake_latency({cpu + 1}, 0, root=str(root)).release()  # that one is free
+        hold = cpupin.hold_wake_latency({cpu, cpu + 1}, 40, root=str(root))
+        assert any(f"shared with pid {child.pid}" in n for n in hold.notes), hold.notes
+        assert value(root, cpu) == "n/a" and value(root, cpu + 1) == "40"
     finally:
         child.communicate("\n", timeout=30)
-    assert value(root, cpu) == "0"  # the child's exit put its CPU back
+    assert value(root, cpu) == "40"  # the child let go: the bound still held is mine
+    hold.release()
+    assert value(root, cpu) == "9" and value(root, cpu + 1) == "0"  # the host's, not the child's
 
 
 def test_ps_shows_a_hold_in_text_json_and_prometheus(tmp_path, lock_dir):
@@ -222,7 +240,7 @@ def test_ps_shows_a_hold_in_text_json_and_prometheus(tmp_path, lock_dir):
     assert f"holds CPUs {cpu}: no wake latency (pm_qos_resume_latency_us) since" in text.stdout
     (proc,) = [p for p in json.loads(data.stdout)["processes"] if p["pid"] == child.pid]
     (held,) = proc["wake_holds"]
-    assert held["cpus"] == [cpu] and held["max_us"] == 0 and held["previous"] == {str(cpu): "0"}
+    assert held["cpus"] == [cpu] and held["max_us"] == 0
     line = (
         f'cpupin_wake_latency_hold_microseconds{{cpus="{cpu}",mechanism="sysfs",'
         f'pid="{child.pid}"}} 0.0'
