@@ -310,14 +310,15 @@ def still_applied(directory: str | None = None) -> list[dict[str, object]]:
 
 
 def dead_holds(directory: str | None = None) -> dict[tuple[int, int], list[Holder]]:
-    """Each dead holder's holds that the journal of ``/`` still names, by
-    (pid, start time), a holder per CPU."""
-    raw, _ = read_journal("wake", "/", directory)
+    """Each dead holder's holds that the wake journals still name, by
+    (pid, start time), a holder per CPU (its ``hold`` is the CPU)."""
     out: dict[tuple[int, int], list[Holder]] = {}
-    for cpu, entry in sorted(entries(raw).items()):
-        for h in entry.holders:
-            if not h.alive:
-                out.setdefault((h.pid, h.start), []).append(
-                    Holder(h.pid, h.start, cpu, h.max_us, h.since)
-                )
+    for root in journals("wake", directory):
+        raw, _ = read_journal("wake", root, directory)
+        for cpu, entry in sorted(entries(raw).items()):
+            for h in entry.holders:
+                if not h.alive:
+                    out.setdefault((h.pid, h.start), []).append(
+                        Holder(h.pid, h.start, cpu, h.max_us, h.since)
+                    )
     return out

@@ -347,7 +347,7 @@ def _changes(registry: Registry, where: str, host: frozenset[int]) -> None:
         registry.records[i] = dataclasses.replace(
             r,
             wake_holds=tuple(
-                RecordedHold("sysfs", frozenset(cpus) & host or frozenset(cpus), us, since, ())
+                RecordedHold("sysfs", frozenset(cpus), us, since, ())
                 for (us, since), cpus in sorted(by_hold.items())
             ),
         )

@@ -1,0 +1,296 @@
+"""The wake-latency hold as a transaction (issue 34): a holder killed at
+every step leaves nothing changed once settled; the value put back is the
+host's, never a dead holder's; two holders at once share a CPU under one
+lock; a dead holder's holds are visible until put back. Fake sysfs trees
+for the many inputs, and the real files, in a private mount namespace,
+for the kernel's own answers."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cpupin
+from cpupin.act import wake
+from cpupin.registry.holds import entries, settle_all
+from cpupin.registry.journal import read_journal
+from tests.support.helpers import run
+from tests.support.wake import REAL
+
+CHILD = """
+import os, signal, sys
+import cpupin
+from cpupin.registry import holds
+root, cpus, max_us, phase, kill_at = sys.argv[1:6]
+steps = []
+active = phase == "hold"
+def checkpoint(what):
+    steps.append(what)
+    if active and len(steps) == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)
+holds.checkpoint = checkpoint
+hold = cpupin.hold_wake_latency({int(c) for c in cpus.split(",")}, int(max_us), root=root)
+if phase == "release":
+    steps.clear()
+    active = True
+    hold.release()
+elif phase == "wait":
+    print("ready", flush=True)
+    sys.stdin.readline()
+print(len(steps), flush=True)
+"""
+
+
+def tree(root, values):
+    base = root / "sys/devices/system/cpu"
+    base.mkdir(parents=True)
+    (base / "online").write_text(f"0-{max(values)}\n")
+    (base / "cpuidle").mkdir()
+    (base / "cpuidle/current_driver").write_text("intel_idle\n")
+    for cpu, text in values.items():
+        (base / f"cpu{cpu}/power").mkdir(parents=True)
+        (base / f"cpu{cpu}/power/pm_qos_resume_latency_us").write_text(text + "\n")
+    return root
+
+
+def values(root, cpus):
+    rel = "sys/devices/system/cpu/cpu{}/power/pm_qos_resume_latency_us"
+    return {c: (root / rel.format(c)).read_text().strip() for c in cpus}
+
+
+def child(args, lock_dir, prefix=(), **kw):
+    env = {**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir)}
+    return subprocess.run([*prefix, sys.executable, "-c", CHILD, *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=120, **kw)  # fmt: skip
+
+
+def kill_points(phase, cpus, run_child):
+    """Every step of ``phase``, counted by a run that is not killed."""
+    done = run_child(phase, 0)
+    assert done.returncode == 0, done.stderr
+    return range(1, int(done.stdout.split()[-1]) + 1)
+
+
+@pytest.mark.parametrize("held", [[1], [1, 2], [0, 2, 3]])
+@pytest.mark.parametrize("phase", ["hold", "release"])
+def test_a_holder_killed_at_any_step_leaves_nothing_once_settled(tmp_path, held, phase):
+    original = {0: "0", 1: "7", 2: "n/a", 3: "250"}
+    points = None
+    for case in range(64):
+        root = tree(tmp_path / f"root{case}", original)
+        locks = tmp_path / f"locks{case}"
+        locks.mkdir()
+        cpus = ",".join(map(str, held))
+
+        def go(phase_, kill_at, root=root, locks=locks, cpus=cpus):
+            return child([root, cpus, 0, phase_, kill_at], locks)
+
+        if points is None:
+            points = kill_points(phase, held, go)
+            assert len(points) >= 2  # a journal write, then each CPU not already at the bound
+            points = list(points)
+        if not points:
+            break
+        at = points.pop(0)
+        out = go(phase, at)
+        assert out.returncode == -signal.SIGKILL, (at, out.stderr)
+        changed = {c for c, v in values(root, original).items() if v != original[c]}
+        journal = entries(read_journal("wake", str(root), str(locks))[0])
+        # Whatever was changed is named in the journal with the host's value.
+        assert changed <= set(journal), (phase, at, changed, journal)
+        assert all(journal[c].original == original[c] for c in journal)
+        shown = run([sys.executable, "-m", "cpupin", "ps", "--json", "--interval", "0.01",
+                     "--lock-dir", str(locks)])  # fmt: skip
+        applied = {c["cpu"] for c in json.loads(shown.stdout)["still_applied"]}
+        assert changed <= applied, (changed, applied)
+        lines = settle_all(str(locks))
+        assert values(root, original) == original, (phase, at, lines)
+        assert entries(read_journal("wake", str(root), str(locks))[0]) == {}
+
+
+@pytest.mark.parametrize("overlap", [[1, 2], [2, 3], [1, 2, 3]])
+@pytest.mark.parametrize("bound", [0, 30])
+@pytest.mark.parametrize("prune_first", [False, True])
+def test_the_value_put_back_is_the_hosts_never_a_dead_holders(
+    tmp_path, monkeypatch, overlap, bound, prune_first
+):
+    """A server restarted after SIGKILL holds the same CPUs before anyone
+    prunes; a prune meanwhile must not write under the live hold."""
+    original = {0: "0", 1: "7", 2: "8", 3: "9"}
+    root = tree(tmp_path / "root", original)
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    monkeypatch.setenv("CPUPIN_LOCK_DIR", str(locks))
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), "1,2", "0", "wait", "0"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "CPUPIN_LOCK_DIR": str(locks)})  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    proc.kill()
+    proc.wait()
+    assert values(root, [1, 2]) == {1: "n/a", 2: "n/a"}
+    hold = cpupin.hold_wake_latency(set(overlap), bound, root=str(root))
+    try:
+        want = "n/a" if bound == 0 else str(bound)
+        assert all(values(root, overlap)[c] == want for c in overlap)
+        if prune_first:
+            settle_all(str(locks))
+            assert all(values(root, overlap)[c] == want for c in overlap)  # not under a live hold
+        left = {1, 2} - set(overlap)
+        if prune_first:
+            assert all(values(root, left)[c] == original[c] for c in left)
+    finally:
+        hold.release()
+    settle_all(str(locks))
+    assert values(root, original) == original
+
+
+RACER = """
+import sys
+import cpupin
+root, cpus, max_us = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.stdin.readline()
+hold = cpupin.hold_wake_latency({int(c) for c in cpus.split(",")}, max_us, root=root)
+print("held " + " ".join(hold.notes), flush=True)
+sys.stdin.readline()
+hold.release()
+print("released", flush=True)
+"""
+
+
+def test_two_holders_at_once_share_under_one_lock(tmp_path):
+    """Twelve trials and more of two processes holding the same CPUs at the
+    same moment, released in either order: while both live the stricter
+    bound holds, and after both the host's values are back."""
+    rng = random.Random(34)
+    for trial in range(16):
+        original = {0: "0", 1: str(rng.randint(1, 99)), 2: rng.choice(["0", "n/a", "5"])}
+        root = tree(tmp_path / f"root{trial}", original)
+        locks = tmp_path / f"locks{trial}"
+        locks.mkdir()
+        bounds = [rng.choice([0, 10, 20]), rng.choice([0, 15, 25])]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", RACER, str(root), "1,2", str(b)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "CPUPIN_LOCK_DIR": str(locks)},
+            )  # fmt: skip
+            for b in bounds
+        ]
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        said = [p.stdout.readline() for p in procs]
+        assert all(s.startswith("held") for s in said), said
+        assert sum("shared with pid" in s for s in said) == 1, said  # the second knows
+        strict = min(bounds)
+        assert set(values(root, [1, 2]).values()) == {"n/a" if strict == 0 else str(strict)}
+        order = procs if rng.random() < 0.5 else procs[::-1]
+        first, second = order
+        first.stdin.write("\n")
+        first.stdin.flush()
+        assert first.stdout.readline() == "released\n"
+        other = bounds[procs.index(second)]
+        assert set(values(root, [1, 2]).values()) == {"n/a" if other == 0 else str(other)}
+        second.stdin.write("\n")
+        second.stdin.flush()
+        assert second.stdout.readline() == "released\n"
+        for p in procs:
+            p.wait(timeout=60)
+        assert values(root, original) == original, (trial, bounds)
+
+
+def test_a_killed_holder_is_shown_by_ps_with_its_holds(tmp_path):
+    original = {0: "0", 1: "7", 2: "8"}
+    root = tree(tmp_path / "root", original)
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), "1,2", "0", "wait", "0"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "CPUPIN_LOCK_DIR": str(locks)})  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    proc.kill()
+    proc.wait()
+    args = [sys.executable, "-m", "cpupin", "ps", "--lock-dir", str(locks), "--interval", "0.01"]
+    data = json.loads(run([*args, "--json"]).stdout)
+    (stale,) = [p for p in data["processes"] if p["pid"] == proc.pid]
+    assert not stale["live"] and stale["wake_holds"][0]["cpus"] == [1, 2]
+    assert {c["cpu"] for c in data["still_applied"]} == {1, 2}
+    text = run(args).stdout
+    assert f"CPU 1's wake latency, held by pid {proc.pid} (exited); the host had 7" in text
+    assert "still applied; cpupin ps --prune puts it back" in text
+    pruned = run([*args, "--prune"])
+    assert f"pid {proc.pid}: wake latency of CPU 1 put back to 7" in pruned.stderr
+    assert values(root, original) == original
+    assert json.loads(run([*args, "--json"]).stdout)["still_applied"] == []
+
+
+# --- the real files, in a private mount namespace ------------------------------------
+
+NAMESPACE = (
+    "mount --make-rprivate / && mount --bind {driver} "
+    '/sys/devices/system/cpu/cpuidle/current_driver && exec "$@"'
+)
+
+
+def _namespace_refusal():
+    if shutil.which("unshare") is None:
+        return "no unshare(1) here"
+    if os.geteuid() != 0:
+        return "a mount namespace and the real PM QoS files need root"
+    cpu = min(os.sched_getaffinity(0))
+    if not os.path.exists(REAL.format(cpu)):
+        return "this kernel exposes no pm_qos_resume_latency_us"
+    if not os.path.exists("/sys/devices/system/cpu/cpuidle/current_driver"):
+        return "this kernel lists no cpuidle directory to bind a driver over"
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return f"unshare -m refused: {probe.stderr.decode()[:80]}"
+    if not os.access(REAL.format(cpu), os.W_OK):
+        return "the real PM QoS files are read-only here"
+    return None
+
+
+@pytest.mark.parametrize("phase", ["hold", "release"])
+def test_a_real_holder_killed_at_any_step_is_put_back(tmp_path, phase):
+    """The kernel's own files: the holder runs in a mount namespace where
+    cpuidle names a driver (this machine may list none), writes the real
+    pm_qos_resume_latency_us of this machine's CPUs, and is killed at each
+    step; the settle outside puts back what the host had."""
+    why = _namespace_refusal()
+    if why:
+        pytest.skip(why)
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    driver = tmp_path / "driver"
+    driver.write_text("intel_idle\n")
+    prefix = ["unshare", "-m", "sh", "-c", NAMESPACE.format(driver=driver), "holder"]
+    before = {c: Path(REAL.format(c)).read_text().strip() for c in cpus}
+    try:
+        count = None
+        at = 1
+        while count is None or at <= count:
+            locks = tmp_path / ("counting" if count is None else f"locks{at}")
+            locks.mkdir()
+            args = ["/", ",".join(map(str, cpus)), 0, phase]
+            if count is None:
+                out = child([*args, 0], locks, prefix)
+                assert out.returncode == 0, out.stderr
+                count = int(out.stdout.split()[-1])
+                assert count >= len(cpus) + 1
+                continue
+            out = child([*args, at], locks, prefix)
+            assert out.returncode == -signal.SIGKILL, (at, out.stderr)
+            settle_all(str(locks))
+            assert {c: Path(REAL.format(c)).read_text().strip() for c in cpus} == before, at
+            at += 1
+    finally:
+        for c, text in before.items():
+            Path(REAL.format(c)).write_text(text)
+    assert wake.holds() == []
