@@ -61,16 +61,26 @@ def check_pins(*, reapply: bool = False) -> list[Drift]:
     drifts = []
     mask = process_cpus()
     nccl = nccl_loaded()
-    for tid, (cpus, role, name, started) in pins:
+    for tid, pin in pins:
+        cpus, role, name, started = pin
         found = table._drift(tid, cpus, role, name, started, mask, nccl)
         if found is None:
             continue  # on its pin, or it exited: the next publish drops its pin
-        if reapply:
-            try:
-                _native.set_affinity(cpus, tid)
-                found = replace(found, reapplied=True)
-            except (OSError, ValueError):
-                pass
+        # Judged again and re-applied under the pins' lock, the lock release
+        # takes: a pin released since (its thread back on its old mask) is
+        # no drift and is never pinned again.
+        with table._pins_lock:
+            if table._pins.get(tid) != pin:
+                continue
+            if reapply:
+                found = table._drift(tid, cpus, role, name, started, mask, nccl)
+                if found is None:
+                    continue
+                try:
+                    _native.set_affinity(cpus, tid)
+                    found = replace(found, reapplied=True)
+                except (OSError, ValueError):
+                    pass
         drifts.append(found)
     if drifts:
         with _lock:

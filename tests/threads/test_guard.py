@@ -189,3 +189,60 @@ def test_the_guard_pins_back_a_thread_that_libgomp_bound(tmp_path, two_cpus):
     assert (tid, pinned, now, reapplied) == (got["tid"], [b], [a], True)
     assert f"GOMP_CPU_AFFINITY={a}" in cause
     assert got["after"] == [b] and got["checks"] >= 1
+
+
+@pytest.mark.parametrize("moment", ["between judgement and re-apply", "after the re-apply"] * 4)
+def test_a_pin_released_while_the_guard_judges_it_is_never_pinned_again(
+    two_cpus, monkeypatch, moment, tmp_path
+):
+    """The guard judges a pin off its CPUs, then, before it re-applies it,
+    the thread releases it (its mask back to what it had). Forced at that
+    exact point (the guard's first look, outside the pins' lock that release
+    takes): the guard neither re-pins the released thread nor counts a
+    drift. Released after the re-apply, the thread gets its mask back."""
+    import threading
+
+    from cpupin.threads import pins as table
+
+    monkeypatch.setenv("CPUPIN_LOCK_DIR", str(tmp_path))
+    first, second = two_cpus
+    ready, release, done = threading.Event(), threading.Event(), threading.Event()
+    box = {}
+
+    def worker():
+        box["tid"] = threading.get_native_id()
+        box["before"] = os.sched_getaffinity(0)
+        box["pin"] = cpupin.pin_current_thread({first}, role="step")
+        os.sched_setaffinity(0, {second})  # drift: off its pin
+        ready.set()
+        release.wait(30)
+        done.wait(30)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    ready.wait(30)
+    real = table._drift
+    looks = []
+
+    def judged_then_released(*args):
+        found = real(*args)
+        looks.append(found)
+        if len(looks) == 1 and moment.startswith("between") and found is not None:
+            box["pin"].release()  # the thread lets go between judgement and re-apply
+        return found
+
+    monkeypatch.setattr(table, "_drift", judged_then_released)
+    total = cpupin.threads.guard.drift_total()
+    try:
+        drifts = cpupin.check_pins(reapply=True)
+        if moment.startswith("between"):
+            assert drifts == [] and cpupin.threads.guard.drift_total() == total
+        else:
+            assert [d.reapplied for d in drifts] == [True]
+            assert mask_of(os.getpid(), box["tid"]) == {first}
+            box["pin"].release()
+        assert mask_of(os.getpid(), box["tid"]) == box["before"]
+    finally:
+        release.set()
+        done.set()
+        t.join(30)
