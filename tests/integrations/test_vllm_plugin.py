@@ -744,6 +744,16 @@ class _Platform:
         return False
 current_platform = _Platform()
 """,
+    "vllm/plugins/__init__.py": """
+plugins_loaded = False
+def load_general_plugins():  # vLLM's guard: once a process, as the flag says
+    global plugins_loaded
+    if plugins_loaded:
+        return
+    plugins_loaded = True
+    from cpupin.integrations import vllm as plugin
+    plugin.register()
+""",
     "vllm/v1/__init__.py": "",
     "vllm/v1/worker/__init__.py": "",
     "vllm/v1/worker/worker_base.py": """
@@ -1020,3 +1030,119 @@ def test_a_cpu_server_holds_its_cpus_wake_latency_when_asked(value, tmp_path):
         assert all(v == "n/a" for v in got["values"].values())
     else:
         assert got["held"] is None and "not held" in notes
+
+
+# --- every process vLLM makes, and every bad value said once --------------------
+
+FORKED = """
+import json, multiprocessing, os, sys
+sys.argv = ["vllm", "serve", "model"]
+import vllm.plugins
+vllm.plugins.load_general_plugins()  # the API server, before it starts anything
+from cpupin.integrations.vllm import wiring
+parent = {"role": wiring._state.get("role"), "notes": list(wiring._notes)}
+def child(queue):
+    vllm.plugins.load_general_plugins()  # as EngineCore.__init__ and init_worker do
+    queue.put({"role": wiring._state.get("role"), "notes": list(wiring._notes)})
+ctx = multiprocessing.get_context("fork")
+queue = ctx.Queue()
+proc = ctx.Process(target=child, args=(queue,), name=os.environ["CHILD_NAME"])
+proc.start()
+got = queue.get(timeout=60)
+proc.join(60)
+print(json.dumps({"parent": parent, "child": got}))
+"""
+
+
+def fake_vllm_env(tmp_path, **extra):
+    for rel, text in FAKE_VLLM.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CPUPIN_")}
+    env.update(
+        PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        CPUPIN_LOCK_DIR=str(tmp_path),
+        **extra,
+    )
+    return env
+
+
+@pytest.mark.parametrize(
+    "name, role", [("VllmWorker-0", "vllm-worker"), ("EngineCore_DP0", "vllm-engine-core")]
+)
+def test_a_forked_child_finds_its_own_role(tmp_path, name, role):
+    """vLLM forks its engine core and workers where no CUDA context exists
+    (its default on Linux), and its own flag would not load the plugins in
+    the child again: the child must forget the API server's role and find
+    its own when vLLM asks."""
+    out = run([sys.executable, "-c", FORKED], env=fake_vllm_env(tmp_path, CHILD_NAME=name))
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["parent"]["role"] == "vllm-api-server"
+    assert got["child"]["role"] == role
+    assert got["child"]["notes"][0].startswith(f"cpupin observe in the {role[5:].replace('-', ' ')}")
+    assert not any("api server" in n for n in got["child"]["notes"]), got["child"]["notes"]
+
+
+BAD_VALUES = {
+    "CPUPIN_WAKE_LATENCY_US": ["x", "-1", "1.5", "2000000001", " 5 x", "0x10", "1e3", "", "١٢",
+                               "5µs"],
+    "CPUPIN_STEP_THREAD_CORE": ["x", "-1", "1.5", "auto auto", "AUTOMATIC", "0x1", "1e2", "on",
+                                "cpu3", "3-4", "3,4", "١", "99999999999999999999"],
+    "CPUPIN_VLLM_MASK": ["x", "0-", "99999", "", "1-0", "a,b"],
+    "CPUPIN_POOL_VARS": ["PATH=1", "x", "OMP_NUM_THREADS=1,LD_PRELOAD=/x", "=1"],
+    "CPUPIN_VLLM": ["yes", "observe auto", "0"],
+}
+BAD = [(k, v) for k, values in BAD_VALUES.items() for v in values]
+
+
+@pytest.mark.parametrize("name, value", BAD)
+def test_every_bad_value_is_one_warning_naming_it(name, value):
+    from cpupin import _native
+    from cpupin.integrations.vllm.decisions import env_warnings
+
+    lines = env_warnings({name: value}, _native.online_cpus())
+    if name == "CPUPIN_WAKE_LATENCY_US" and value == "":
+        assert lines == []  # empty: unset
+        return
+    if name == "CPUPIN_STEP_THREAD_CORE":
+        from cpupin.errors import PlanError
+        from cpupin.plan.placement import setting_from_env
+
+        try:
+            setting_from_env({name: value})
+        except PlanError:
+            pass
+        else:
+            assert lines == []  # a setting the oracle takes is no warning
+            return
+    assert len(lines) == 1 and name in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"CPUPIN_WAKE_LATENCY_US": "0"}, {"CPUPIN_STEP_THREAD_CORE": "auto"},
+     {"CPUPIN_VLLM_MASK": "0"}, {"CPUPIN_POOL_VARS": "OMP_NUM_THREADS=2,MKL_NUM_THREADS=1"},
+     {"CPUPIN_VLLM": "AUTO"}],
+)  # fmt: skip
+def test_good_values_warn_nothing(env):
+    from cpupin import _native
+    from cpupin.integrations.vllm.decisions import env_warnings
+
+    assert env_warnings(env, _native.online_cpus()) == []
+
+
+def test_bad_values_are_warned_once_by_the_server_and_it_still_starts(tmp_path):
+    """The API server says each bad value once at WARNING (Python's last
+    resort handler prints it here, vLLM's own handler in a server); its
+    forked child, with the same environment, says nothing again."""
+    bad = {"CPUPIN_WAKE_LATENCY_US": "fast", "CPUPIN_STEP_THREAD_CORE": "cpu3",
+           "CPUPIN_VLLM_MASK": "0-", "CPUPIN_POOL_VARS": "PATH=1"}  # fmt: skip
+    env = fake_vllm_env(tmp_path, CHILD_NAME="VllmWorker-0", **bad)
+    out = run([sys.executable, "-c", FORKED], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["child"]["role"] == "vllm-worker"  # started, and found its role
+    for name in bad:
+        said = [line for line in out.stderr.splitlines() if f"cpupin: {name}=" in line]
+        assert len(said) == 1, (name, out.stderr)

@@ -322,3 +322,37 @@ def test_auto_keeps_every_other_thread_off_the_openmp_cpus(model, tmp_path):
         code = server.stop()
     assert code == 0, server.tail()
     assert records_left(tmp_path) == [], server.tail()
+
+
+VLLM_FORK = """
+import json, os, sys
+sys.argv = ["vllm", "serve", "model"]
+os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+from vllm.plugins import load_general_plugins
+from vllm.utils.system_utils import get_mp_context
+load_general_plugins()  # the API server, before it starts anything
+from cpupin.integrations.vllm import wiring
+parent = wiring._state.get("role")
+def child(queue):
+    load_general_plugins()  # what EngineCore.__init__ and init_worker call
+    queue.put(wiring._state.get("role"))
+ctx = get_mp_context()
+queue = ctx.Queue()
+proc = ctx.Process(target=child, args=(queue,), name="VllmWorker-0")
+proc.start()
+got = queue.get(timeout=120)
+proc.join(60)
+print(json.dumps({"method": ctx.get_start_method(), "parent": parent, "child": got}))
+"""
+
+
+def test_vllms_own_fork_start_path_gives_the_child_its_role(tmp_path):
+    """vLLM's own multiprocessing context (fork, its default where no CUDA
+    context exists) and its own plugin loader, whose flag the fork inherits:
+    the child still loads cpupin and finds its own role."""
+    env = {**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}
+    out = subprocess.run([VLLM_PYTHON, "-c", VLLM_FORK], capture_output=True, text=True,
+                         timeout=300, env=env, check=False, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"method": "fork", "parent": "vllm-api-server", "child": "vllm-worker"}, got

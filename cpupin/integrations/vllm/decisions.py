@@ -16,6 +16,7 @@ __all__ = [
     "ROLES",
     "VLLM_SIZED",
     "cap_lists",
+    "env_warnings",
     "mode_from_env",
     "omp_cpus",
     "quota_cpus",
@@ -55,6 +56,50 @@ def mode_from_env(environ: Mapping[str, str]) -> tuple[str, str | None]:
         f"{ENV_MODE}={excerpt(value, 24)} is not a mode: choose {', '.join(MODES)}; "
         f"observing, the default"
     )
+
+
+def env_warnings(environ: Mapping[str, str], online: frozenset[int]) -> list[str]:
+    """A line for each variable the plugin reads whose value it cannot use,
+    naming the variable, its value and what to do (the server starts either
+    way, as if it were unset). ``online``: the host's CPUs."""
+    from cpupin.act.server import wake_latency_from_env
+    from cpupin.cpulist import format_cpulist, parse_cpulist
+    from cpupin.errors import PlanError, excerpt
+    from cpupin.plan.placement import setting_from_env
+    from cpupin.pools.limits import ENV_POOL_VARS, POOL_VARS
+
+    out = []
+    _, bad_mode = mode_from_env(environ)
+    if bad_mode:
+        out.append(bad_mode)
+    for read in (wake_latency_from_env, setting_from_env):
+        try:
+            read(environ)
+        except (PlanError, ValueError) as exc:
+            out.append(f"{exc}; ignored")
+    mask = environ.get(ENV_MASK)
+    if mask is not None:
+        try:
+            cpus = parse_cpulist(mask)
+            if not cpus or not cpus <= online:
+                raise ValueError(f"not CPUs of this host (online: {format_cpulist(online)})")
+        except ValueError as exc:
+            out.append(
+                f"{ENV_MASK}={excerpt(mask, 32)}: {exc}; cpupin's API server sets it for its "
+                "children: unset it (the launcher's mask is read instead)"
+            )
+    pools = environ.get(ENV_POOL_VARS)
+    if pools:
+        for item in pools.split(",")[:64]:
+            name = item.partition("=")[0]
+            if name not in POOL_VARS:
+                out.append(
+                    f"{ENV_POOL_VARS}={excerpt(pools, 48)}: {excerpt(item, 24)} is not "
+                    f"NAME=VALUE of a pool variable cpupin sets ({', '.join(sorted(POOL_VARS))}); "
+                    "cpupin writes it for its children: unset it"
+                )
+                break
+    return out
 
 
 def role_of(title: str, mp_name: str, main: str, argv: list[str]) -> str | None:

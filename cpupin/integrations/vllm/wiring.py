@@ -19,6 +19,7 @@ from cpupin.integrations.vllm.decisions import (
     ENV_SERVER,
     VLLM_SIZED,
     cap_lists,
+    env_warnings,
     mode_from_env,
     omp_cpus,
     quota_cpus,
@@ -66,12 +67,14 @@ def _main_module() -> str:
 def _register() -> None:
     import multiprocessing
 
-    mode, warning = mode_from_env(os.environ)
-    if warning:
-        log.warning("cpupin: %s", warning)
+    mode, _ = mode_from_env(os.environ)
+    role = role_of(_title(), multiprocessing.current_process().name, _main_module(), sys.argv)
+    if mode != "off" and role is not None and _server_of(os.environ) is None:
+        # The server's first process says it once; its children inherit
+        # the same values (and a helper says nothing).
+        _warn_env()
     if mode == "off":
         return
-    role = role_of(_title(), multiprocessing.current_process().name, _main_module(), sys.argv)
     if role is None:
         return  # a helper process: nothing to record, nothing to time
     _state.update(mode=mode, role=role)
@@ -96,6 +99,37 @@ def _register() -> None:
     if role == "vllm-worker":
         _start_publisher(mode)
     _publish()
+
+
+def _warn_env() -> None:
+    from cpupin import _native
+
+    for line in env_warnings(os.environ, _native.online_cpus()):
+        log.warning("cpupin: %s", line)
+
+
+def _reset_after_fork() -> None:
+    """A process forked from one of the server's (vLLM's default start
+    method on Linux, where no CUDA context exists yet) is a process of its
+    own: it forgets the parent's role, notes and state. vLLM would not load
+    its plugins there again (its own flag, inherited, says they are loaded),
+    so the flag is cleared too, where the parent loaded cpupin: the child's
+    ``EngineCore.__init__`` or ``init_worker`` then loads the plugins as in a
+    spawned process (vLLM asks every plugin to bear a load in each process),
+    and the plugin finds the child's own role from its title or name."""
+    global _started
+    if not _started:
+        return
+    _started = False
+    _state.clear()
+    _notes.clear()
+    plugins = sys.modules.get("vllm.plugins")
+    if plugins is not None and getattr(plugins, "plugins_loaded", False) is True:
+        plugins.plugins_loaded = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _note(line: str) -> None:
