@@ -1080,15 +1080,39 @@ def test_a_forked_child_finds_its_own_role(tmp_path, name, role):
     got = json.loads(out.stdout)
     assert got["parent"]["role"] == "vllm-api-server"
     assert got["child"]["role"] == role
-    assert got["child"]["notes"][0].startswith(f"cpupin observe in the {role[5:].replace('-', ' ')}")
+    said = role[5:].replace("-", " ")
+    assert got["child"]["notes"][0].startswith(f"cpupin observe in the {said}")
     assert not any("api server" in n for n in got["child"]["notes"]), got["child"]["notes"]
 
 
 BAD_VALUES = {
-    "CPUPIN_WAKE_LATENCY_US": ["x", "-1", "1.5", "2000000001", " 5 x", "0x10", "1e3", "", "١٢",
-                               "5µs"],
-    "CPUPIN_STEP_THREAD_CORE": ["x", "-1", "1.5", "auto auto", "AUTOMATIC", "0x1", "1e2", "on",
-                                "cpu3", "3-4", "3,4", "١", "99999999999999999999"],
+    "CPUPIN_WAKE_LATENCY_US": [
+        "x",
+        "-1",
+        "1.5",
+        "2000000001",
+        " 5 x",
+        "0x10",
+        "1e3",
+        "",
+        "١٢",
+        "5µs",
+    ],
+    "CPUPIN_STEP_THREAD_CORE": [
+        "x",
+        "-1",
+        "1.5",
+        "auto auto",
+        "AUTOMATIC",
+        "0x1",
+        "1e2",
+        "on",
+        "cpu3",
+        "3-4",
+        "3,4",
+        "١",
+        "99999999999999999999",
+    ],
     "CPUPIN_VLLM_MASK": ["x", "0-", "99999", "", "1-0", "a,b"],
     "CPUPIN_POOL_VARS": ["PATH=1", "x", "OMP_NUM_THREADS=1,LD_PRELOAD=/x", "=1"],
     "CPUPIN_VLLM": ["yes", "observe auto", "0"],
