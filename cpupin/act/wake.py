@@ -15,9 +15,10 @@ exceeds what PM QoS allows it. Two ways to say so, both files:
   lets go: on release, at exit, or, for holders that died, at the next
   hold, release or ``cpupin ps --prune``.
 - ``/dev/cpu_dma_latency``, every CPU at once: a request that lasts while
-  the descriptor is open, so the kernel drops it however the holder exits,
-  and a descriptor left open across ``exec`` keeps it for the new program
-  (``cpupin exec --wake-latency``).
+  the descriptor is open, so the kernel drops it however the holder exits.
+  The descriptor is closed on exec and in a forked child: nothing this
+  process starts keeps a request alive after it (``cpupin exec
+  --wake-latency`` holds it in a process that waits for the command).
 
 A held CPU that idles polls instead of sleeping: it burns power and, on a
 host with SMT, its sibling's share of the core. Hold the step and result
@@ -253,11 +254,9 @@ def hold_wake_latency(
     return hold
 
 
-def _hold_dma(cpus: frozenset[int], max_us: int, *, inheritable: bool = False) -> WakeHold:
+def _hold_dma(cpus: frozenset[int], max_us: int) -> WakeHold:
     try:
         fd = os.open(DMA_LATENCY, os.O_WRONLY | os.O_CLOEXEC)
-        if inheritable:  # Python's descriptors are closed on exec unless asked
-            os.set_inheritable(fd, True)
     except OSError as exc:
         raise HoldRefused(
             exc.errno or errno.EIO,
@@ -269,20 +268,6 @@ def _hold_dma(cpus: frozenset[int], max_us: int, *, inheritable: bool = False) -
         os.close(fd)
         raise HoldRefused(exc.errno or errno.EIO, why(exc, DMA_LATENCY)) from None
     return WakeHold(cpus, max_us, "dma", time.time(), fd=fd)
-
-
-def hold_for_exec(max_us: int) -> int:
-    """Hold every CPU's wake latency through ``/dev/cpu_dma_latency`` with a
-    descriptor that survives ``exec``: the program this process becomes
-    holds it, and the kernel drops it when that program exits, however it
-    exits. Returns the descriptor; :class:`HoldRefused` as
-    :func:`hold_wake_latency` refuses."""
-    max_us = _checked_us(max_us)
-    with Reader("/") as r:
-        why = _cpuidle(r)
-    if why:
-        raise HoldRefused(errno.EOPNOTSUPP, why)
-    return _hold_dma(frozenset(), max_us, inheritable=True).fd
 
 
 def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> WakeHold:

@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from cpupin.act.binding import bind_process, device_address, read_mems_allowed
 from cpupin.cli import _args
@@ -18,6 +19,9 @@ from cpupin.plan.binding import Binding, decide_binding, gpu_node, parse_cpus
 from cpupin.plan.cpuplan import CpuPlan
 from cpupin.pools.limits import PoolLimits, cpu_plan, pool_env
 from cpupin.process.mask import ENV_PROCESS_CPUS, process_cpus
+
+if TYPE_CHECKING:
+    from cpupin.act.wake import WakeHold
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,9 +65,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--wake-latency",
         type=_args.whole("--wake-latency", 0, MAX_US),
         metavar="US",
-        help="hold every CPU's wake latency at US µs or less while the command runs "
-        "(/dev/cpu_dma_latency, held by the command and dropped by the kernel when it exits; "
-        "0: idle CPUs poll). Root, on a host with cpuidle; cpupin doctor says whether it pays",
+        help="hold every CPU's wake latency at US µs or less exactly while the command runs "
+        "(/dev/cpu_dma_latency, held by cpupin, which then waits for the command instead of "
+        "becoming it, passes signals on and exits as it exits; what the command leaves running "
+        "holds nothing; 0: idle CPUs poll). Root, on a host with cpuidle; cpupin doctor says "
+        "whether it pays",
     )
     cmd.add_argument("--dry-run", action="store_true", help="print the binding; run nothing")
     cmd.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
@@ -242,38 +248,106 @@ def _exec(args: argparse.Namespace, argv: list[str], device: str | int | None) -
     cannot run)."""
     # exec writes no record: the command it becomes is the process, and any
     # record it left would outlive the exec (the command learns its mask
-    # from CPUPIN_PROCESS_CPUS instead).
+    # from CPUPIN_PROCESS_CPUS instead). With --wake-latency it stays, to
+    # hold the wake latency while the command runs, and its record shows
+    # the hold (cpupin ps).
     from cpupin.registry import writer as registry
 
-    registry._disabled = True
+    registry._disabled = args.wake_latency is None
     binding = bind_process(device, node=args.node, cpus=args.cpus, memory=args.memory)
     if binding.reason:  # a GPU whose node the mask misses: what to ask the launcher for
         print(f"cpupin exec: {binding.reason}", file=sys.stderr)
     env = {**os.environ, ENV_PROCESS_CPUS: format_cpulist(process_cpus())}
+    hold = None
     if args.wake_latency is not None:
         # Refused (no root, no cpuidle, a container without the device):
         # exit 2 with why, before anything runs.
-        from cpupin.act.wake import hold_for_exec
+        from cpupin.act.wake import hold_wake_latency
 
-        hold_for_exec(args.wake_latency)
+        hold = hold_wake_latency(None, args.wake_latency, mechanism="dma")
     if not args.no_pools:
         env, limits = pool_env(cpu_plan(pinned=()), env)
         for name in limits.oversubscribed:
             print(f"cpupin exec: {name} {limits.kept[name]}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
+    if hold is None:
+        _become(argv, env)
+        return 127  # not reached
+    return _supervise(argv, env, hold)
+
+
+def _default_signals() -> None:
     # Python ignores SIGPIPE and SIGXFSZ for itself; exec keeps an ignored
     # signal ignored, so put them back as a shell would have left them
     # (`cpupin exec -- yes | head -1` ends as `yes | head -1` does).
-    for name in ("SIGPIPE", "SIGXFSZ"):
+    for name in ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGQUIT"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
+def _become(argv: list[str], env: dict[str, str]) -> None:
+    """Become the command; exit 127 (not found) or 126 (cannot run) with why."""
+    _default_signals()
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
         print(f"cpupin exec: {excerpt(argv[0])}: {exc.strerror}", file=sys.stderr)
-        return 127 if isinstance(exc, FileNotFoundError) else 126
-    return 0  # not reached: exec replaced this process
+        sys.stderr.flush()
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
+#: The signals a supervising exec passes on to the command (a terminal's
+#: SIGINT and SIGQUIT reach both through the process group).
+FORWARDED = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCONT", "SIGWINCH", "SIGALRM")
+
+
+def _supervise(argv: list[str], env: dict[str, str], hold: WakeHold) -> int:
+    """Run the command as a child and hold the wake latency exactly as long
+    as it runs: the request's descriptor stays in this process only
+    (close-on-exec, so nothing the command starts inherits it), and closes
+    when the command exits, however it exits; a descendant it leaves behind
+    (a daemon) holds nothing. Signals sent to this process go to the
+    command; its exit status, or the signal that ended it, is this
+    process's. Killed with SIGKILL, this process's descriptor closes too:
+    the hold ends, and the command runs on without it."""
+    pid = os.fork()
+    if pid == 0:
+        _become(argv, env)
+    for name in ("SIGINT", "SIGQUIT"):  # the terminal's: the command's to act on
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for name in FORWARDED:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), forward)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            status = 0
+            break
+    hold.release()
+    if os.WIFSIGNALED(status):
+        from cpupin.registry import writer as registry
+
+        registry._remove_at_exit()
+        sig = os.WTERMSIG(status)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP keep their default anyway
+        os.kill(os.getpid(), sig)  # die of it, as the command did
+        return 128 + sig
+    return os.waitstatus_to_exitcode(status)
 
 
 def _gpu_of(host: Host, binding: Binding) -> list[tuple[str, int | None]]:

@@ -294,3 +294,95 @@ def test_a_real_holder_killed_at_any_step_is_put_back(tmp_path, phase):
         for c, text in before.items():
             Path(REAL.format(c)).write_text(text)
     assert wake.holds() == []
+
+
+# --- cpupin exec --wake-latency: exactly the command's lifetime --------------------
+
+DMA = "/dev/cpu_dma_latency"
+READ = "import struct; print(struct.unpack('=i', open('/dev/cpu_dma_latency', 'rb').read(4))[0])"
+
+
+def dma_now():
+    with open(DMA, "rb") as f:
+        return int.from_bytes(f.read(4), "little", signed=True)
+
+
+def _dma_refusal():
+    if shutil.which("unshare") is None:
+        return "no unshare(1) here"
+    if os.geteuid() != 0 or not os.access(DMA, os.W_OK):
+        return f"{DMA} is not writable here (root, and a host that has it)"
+    if not os.path.exists("/sys/devices/system/cpu/cpuidle/current_driver"):
+        return "this kernel lists no cpuidle directory to bind a driver over"
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        return "unshare -m is refused here"
+    return None
+
+
+def exec_in_namespace(tmp_path, program, bound=0, **kw):
+    """``cpupin exec --wake-latency`` in a mount namespace where cpuidle
+    names a driver, running ``program`` (shell)."""
+    driver = tmp_path / "driver"
+    driver.write_text("intel_idle\n")
+    return subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", NAMESPACE.format(driver=driver), "exec",
+         sys.executable, "-m", "cpupin", "exec", "--node", "0", "--no-pools",
+         "--wake-latency", str(bound), "--", "sh", "-c", program],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}, **kw,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("bound", [0, 7])
+@pytest.mark.parametrize("ending", ["exit 0", "exit 7", "kill -TERM $$", "kill -KILL $$"])
+def test_exec_holds_while_the_command_runs_and_its_daemon_holds_nothing(tmp_path, bound, ending):
+    """The command starts a daemon (setsid, its own session, stdio closed)
+    that outlives it, reads the request while it runs, and ends as asked.
+    After: the request is gone though the daemon lives, and cpupin exec
+    ends as the command did (its code, or its signal)."""
+    why = _dma_refusal()
+    if why:
+        pytest.skip(why)
+    idle = dma_now()
+    program = (
+        f"setsid sleep 60 </dev/null >/dev/null 2>&1 & echo daemon $!; "
+        f'{sys.executable} -c "{READ}"; {ending}'
+    )
+    proc = exec_in_namespace(tmp_path, program, bound)
+    out, err = proc.communicate(timeout=120)
+    lines = out.split()
+    daemon, held = int(lines[1]), int(lines[2])
+    try:
+        assert held == bound, err
+        expected = {"exit 0": 0, "exit 7": 7}.get(ending)
+        if expected is None:
+            sig = signal.SIGTERM if "TERM" in ending else signal.SIGKILL
+            assert proc.returncode == -sig, err
+        else:
+            assert proc.returncode == expected, err
+        os.kill(daemon, 0)  # the daemon still runs...
+        assert dma_now() == idle  # ...and holds nothing
+    finally:
+        try:
+            os.kill(daemon, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_exec_passes_signals_on_and_shows_its_hold_in_ps(tmp_path):
+    why = _dma_refusal()
+    if why:
+        pytest.skip(why)
+    program = "trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 0.05; done"
+    proc = exec_in_namespace(tmp_path, program, 0)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        data = json.loads(run([sys.executable, "-m", "cpupin", "ps", "--json", "--interval",
+                               "0.01", "--lock-dir", str(tmp_path)]).stdout)  # fmt: skip
+        holds = [h for p in data["processes"] if p["live"] for h in p["wake_holds"]]
+        assert [h["mechanism"] for h in holds] == ["dma"], data["processes"]
+        proc.send_signal(signal.SIGTERM)  # to cpupin exec, as a service manager would
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "got TERM" in out and proc.returncode == 3, (out, err)

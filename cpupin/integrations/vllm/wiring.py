@@ -125,7 +125,7 @@ def _reset_after_fork() -> None:
     _notes.clear()
     plugins = sys.modules.get("vllm.plugins")
     if plugins is not None and getattr(plugins, "plugins_loaded", False) is True:
-        plugins.plugins_loaded = False
+        setattr(plugins, "plugins_loaded", False)  # noqa: B010 - a module mypy cannot see
 
 
 if hasattr(os, "register_at_fork"):
