@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cpupin.act.binding import memory_binding_check
 from cpupin.cli import _args
@@ -74,6 +74,8 @@ class _Report:
     process: dict[str, object] | None = None
     """With ``--pid``: the process judged (pid, command, mask and its
     source, environment note, threads crowding a bound CPU)."""
+    wake_left: list[str] = field(default_factory=list)
+    """This machine's CPUs whose wake latency no live holder answers for."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,6 +120,11 @@ def _examine(args: argparse.Namespace) -> _Report:
     origin = explain_cpus(host, mask, _visible_gpus(host, environ or {}) if here else ())
     pinned, pinned_by = _pinned_cpus(host, mask, here)
     irqs, irq_notes = _irqs_on(args, host, pinned, pinned_by)
+    wake_left: list[str] = []
+    if here:
+        from cpupin.registry.holds import left_applied
+
+        wake_left = left_applied(host.cpus, getattr(args, "lock_dir", None))
     return _Report(
         host,
         title,
@@ -134,6 +141,7 @@ def _examine(args: argparse.Namespace) -> _Report:
         irqs,
         irq_notes,
         process,
+        wake_left,
     )
 
 
@@ -269,6 +277,7 @@ def _print_json(r: _Report) -> None:
                 "set": r.advice,
             },
             "process": r.process,
+            "wake_latency_left": r.wake_left,
         }
     )
 
@@ -336,6 +345,8 @@ def _print_text(r: _Report) -> None:
         print(f"memory   binding {verdict}: {r.memory_why}")
     _print_pools(r.plan.usable_cpus, r.problems, r.advice)
     _print_irqs(r)
+    for line in r.wake_left:
+        print(f"warning  {line}")
     _print_handoffs(diagnosis)
     for note in diagnosis.notes:
         print(f"note     {note}")

@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from cpupin.errors import excerpt
+from cpupin.errors import excerpt, printable
 from cpupin.host._pmqos import MAX_US, SYSFS, format_resume_latency, parse_resume_latency, why
 from cpupin.host._proc import exited, start_time
 from cpupin.host._sysfs import Reader
@@ -322,3 +322,36 @@ def dead_holds(directory: str | None = None) -> dict[tuple[int, int], list[Holde
                         Holder(h.pid, h.start, cpu, h.max_us, h.since)
                     )
     return out
+
+
+def left_applied(online: Iterable[int], directory: str | None = None, root: str = "/") -> list[str]:
+    """A line for each CPU of ``online`` whose PM QoS resume latency is not
+    what the host had, with no live holder to answer for it (``cpupin
+    doctor``): a value a dead holder left (the journal knows the host's,
+    and ``cpupin ps --prune`` puts it back), or one set by something other
+    than a live cpupin hold (the kernel's default is ``0``, no limit)."""
+    raw, _ = read_journal("wake", root, directory)
+    known = entries(raw)
+    lines = []
+    with Reader(root) as r:
+        for cpu in sorted(online):
+            text = r.text(SYSFS.format(cpu), 32)
+            if text is None:
+                continue
+            now = text.strip()
+            entry = known.get(cpu)
+            if entry is not None:
+                if any(h.alive for h in entry.holders) or now == entry.original:
+                    continue
+                who = ", ".join(f"pid {h.pid}" for h in entry.holders) or "a holder"
+                lines.append(
+                    f"CPU {cpu}'s wake latency is {printable(now, 12)}, not the host's "
+                    f"{entry.original}: {who} held it and exited; cpupin ps --prune puts it back"
+                )
+            elif now != "0":
+                lines.append(
+                    f"CPU {cpu}'s wake latency is {printable(now, 12)} (pm_qos_resume_latency_us), "
+                    "and no live cpupin hold answers for it: set by another tool or by hand; "
+                    "write 0 to it where nothing should hold it"
+                )
+    return lines

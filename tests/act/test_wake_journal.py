@@ -386,3 +386,41 @@ def test_exec_passes_signals_on_and_shows_its_hold_in_ps(tmp_path):
     finally:
         proc.kill()
     assert "got TERM" in out and proc.returncode == 3, (out, err)
+
+
+def test_the_doctor_warns_of_a_value_no_live_holder_answers_for(tmp_path):
+    """The doctor's check, on a tree: a dead holder's CPU (the journal knows
+    the host's value), a CPU set by hand, a live hold and an untouched CPU."""
+    from cpupin.registry.holds import left_applied
+
+    original = {0: "0", 1: "7", 2: "0", 3: "0"}
+    root = tree(tmp_path / "root", original)
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), "1", "0", "wait", "0"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "CPUPIN_LOCK_DIR": str(locks)})  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    assert left_applied(range(4), str(locks), str(root)) == []  # a live holder answers
+    proc.kill()
+    proc.wait()
+    (root / "sys/devices/system/cpu/cpu2/power/pm_qos_resume_latency_us").write_text("40\n")
+    lines = left_applied(range(4), str(locks), str(root))
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("CPU 1's wake latency is n/a, not the host's 7: pid ")
+    assert "cpupin ps --prune puts it back" in lines[0]
+    assert lines[1].startswith("CPU 2's wake latency is 40") and "write 0" in lines[1]
+    settle_all(str(locks))
+    assert len(left_applied(range(4), str(locks), str(root))) == 1  # CPU 2 is not cpupin's
+
+
+def test_the_doctor_prints_what_this_machine_has_left(tmp_path):
+    """On this machine: the doctor's text and JSON carry the check's lines
+    (none where no CPU's value differs from 0)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    values_now = {c: Path(REAL.format(c)).read_text().strip() for c in cpus
+                  if os.path.exists(REAL.format(c))}  # fmt: skip
+    args = [sys.executable, "-m", "cpupin", "doctor", "--json"]
+    data = json.loads(run(args, env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}).stdout)
+    odd = [c for c, v in values_now.items() if v != "0"]
+    assert len(data["wake_latency_left"]) == len(odd), (data["wake_latency_left"], values_now)
