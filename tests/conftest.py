@@ -19,6 +19,23 @@ settings.load_profile(
 )
 
 
+def pytest_configure(config):
+    """The suite's own lock directory: a test never reads or writes the
+    records, locks and journals of the host's other processes in /tmp
+    (another suite, a server), and they never see the suite's. A test
+    about the default directory asks for it by name."""
+    if not os.environ.get("CPUPIN_LOCK_DIR"):
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        config._cpupin_locks = tempfile.mkdtemp(prefix="cpupin-suite-locks-", dir=base)
+        os.environ["CPUPIN_LOCK_DIR"] = config._cpupin_locks
+
+
+def pytest_unconfigure(config):
+    where = getattr(config, "_cpupin_locks", None)
+    if where:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _restore_affinity():
     """Every test leaves the calling thread's mask as it found it."""
