@@ -41,7 +41,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--prune",
         action="store_true",
         help="first remove the stale process records you own (a process killed before it "
-        "could remove its own); lock files are never removed",
+        "could remove its own), and, as root, put back what dead processes left applied (a "
+        "CPU's wake latency, the IRQs of an apply killed half way); lock files are never "
+        "removed",
     )
     out = ps.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")

@@ -111,11 +111,11 @@ def complete(port, model, prompt, tokens=16):
 
 
 class Server:
-    def __init__(self, model, mode, lock_dir):
+    def __init__(self, model, mode, lock_dir, **more_env):
         argv, extra, self.port = server_command(model, mode)
         self.model = model
         self.lock_dir = str(lock_dir)
-        env = {**os.environ, **extra, "CPUPIN_LOCK_DIR": self.lock_dir}
+        env = {**os.environ, **extra, "CPUPIN_LOCK_DIR": self.lock_dir, **more_env}
         if mode is None:
             env.pop("CPUPIN_VLLM", None)
         self.log = open(Path(lock_dir, "server.log"), "wb")  # noqa: SIM115
@@ -208,10 +208,24 @@ def wait_for(check, seconds=10):
         time.sleep(0.25)
 
 
+#: Values the plugin cannot use, given to the observe server: each is one
+#: WARNING in vLLM's log naming it, and the server serves as without them.
+BAD_ENV = {
+    "CPUPIN_WAKE_LATENCY_US": "fast",
+    "CPUPIN_STEP_THREAD_CORE": "cpu3",
+    "CPUPIN_POOL_VARS": "PATH=1",
+}
+
+
 def test_observe_records_every_process_times_every_step_and_leaves_nothing(model, tmp_path):
-    server = Server(model, None, tmp_path)
+    server = Server(model, None, tmp_path, **BAD_ENV)
     try:
         server.load()
+        server.log.flush()
+        log = Path(tmp_path, "server.log").read_text(errors="replace")
+        for name in BAD_ENV:
+            said = [line for line in log.splitlines() if f"cpupin: {name}=" in line]
+            assert len(said) == 1 and "WARNING" in said[0], (name, said)
         procs = server.ps()
         assert set(procs) == {"vllm-api-server", "vllm-engine-core", "vllm-worker"}, procs
         api, core, worker = (
