@@ -200,8 +200,6 @@ def settle(
     caller lets go (``leaving``) in a second call."""
     found = entries(journal.entries)
     notes: list[str] = []
-    if journal.why_empty:
-        notes.append(f"the wake journal was not read ({journal.why_empty}): started afresh")
     shared: set[int] = set()
     me = (os.getpid(), start_time(os.getpid()))
     for entry in found.values():

@@ -40,6 +40,7 @@ __all__ = ["MAX_JOURNAL", "Journal", "journal_name", "journals", "locked", "read
 #: (16,384 IRQs with long CPU lists fit).
 MAX_JOURNAL = 8 * 1024 * 1024
 KINDS = ("wake", "irq")
+_EARLIER_BOOT = "was written before the last boot: what it names is as booted"
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 NAME = re.compile(r"cpupin-journal-(wake|irq)-(host|[0-9a-f]{16})\.json")
 
@@ -136,19 +137,23 @@ class Journal:
 
 
 def _open_lock(dir_fd: int, name: str, where: str) -> int:
-    fd = os.open(
-        name,
-        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-        0o600,
-        dir_fd=dir_fd,
-    )
+    path = printable(os.path.join(where, name), 160)
+    try:
+        fd = os.open(
+            name,
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dir_fd,
+        )
+    except OSError as exc:
+        what = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise OSError(exc.errno, f"{path}: {what}: remove it, or name another --lock-dir") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
         os.close(fd)
         raise OSError(
             errno.EPERM,
-            f"{printable(os.path.join(where, name), 160)} is not a file of this user's: remove "
-            "it, or name another --lock-dir",
+            f"{path} is not a file of this user's: remove it, or name another --lock-dir",
         )
     return fd
 
@@ -167,6 +172,14 @@ def locked(kind: str, root: str = "/", directory: str | None = None) -> Iterator
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             journal.entries, journal.why_empty = _load(dir_fd, journal.name, kind, root, True)
+            if journal.why_empty and not journal.why_empty.endswith(_EARLIER_BOOT):
+                # It may name changes still to put back: never written over.
+                raise OSError(
+                    errno.EBADMSG,
+                    f"the {kind} journal cannot be read ({journal.why_empty}); it may name "
+                    f"changes still to put back: check {printable(where, 120)} (cpupin ps), "
+                    "then move it aside",
+                )
             yield journal
         finally:
             os.close(lock)  # the lock goes with the descriptor
@@ -212,7 +225,7 @@ def _load(
     if record.get("kind") != kind or record.get("root") != os.path.abspath(root):
         return {}, f"{name}: another journal's record"
     if record.get("boot_id") != boot_id(root):
-        return {}, f"{name} was written before the last boot: what it names is as booted"
+        return {}, f"{name} {_EARLIER_BOOT}"
     entries = record.get("entries")
     if not isinstance(entries, dict):
         return {}, f"{name}: its entries are not an object"

@@ -427,3 +427,75 @@ def test_the_doctor_prints_what_this_machine_has_left(tmp_path):
     data = json.loads(run(args, env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}).stdout)
     odd = [c for c, v in values_now.items() if v != "0"]
     assert len(data["wake_latency_left"]) == len(odd), (data["wake_latency_left"], values_now)
+
+
+@pytest.mark.parametrize("kind", ["garbage", "edited", "symlink", "fifo", "directory",
+                                  "lock-symlink", "lock-fifo", "lock-other-user"])  # fmt: skip
+def test_a_hostile_or_damaged_journal_or_lock_is_refused_never_written_over(tmp_path, kind):
+    """Whoever can write the lock directory can plant the journal or its
+    lock, and a journal may be damaged: a hold is then refused, naming the
+    file and what to do (a journal that cannot be read may name changes
+    still to put back: it is never written over), and never follows a link
+    or blocks."""
+    from cpupin.registry.journal import journal_name
+
+    original = {0: "0", 1: "7"}
+    root = tree(tmp_path / "root", original)
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    name = journal_name("wake", str(root))
+    target = locks / (name if not kind.startswith("lock") else name[:-5] + ".lock")
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    if kind == "garbage":
+        target.write_bytes(os.urandom(500))
+    elif kind == "edited":
+        with _held_in(locks, root):
+            text = target.read_text()
+        target.write_text(text.replace('"7"', '"0"'))
+    elif kind in ("symlink", "lock-symlink"):
+        target.symlink_to(victim)
+    elif kind in ("fifo", "lock-fifo"):
+        os.mkfifo(target)
+    elif kind == "directory":
+        target.mkdir()
+    else:
+        target.write_text("")
+        os.chown(target, 65534, 65534)
+    env_before = os.environ.get("CPUPIN_LOCK_DIR")
+    os.environ["CPUPIN_LOCK_DIR"] = str(locks)
+    try:
+        before = values(root, original)
+        with pytest.raises(cpupin.HoldRefused) as refused:
+            cpupin.hold_wake_latency({1}, 0, root=str(root))
+        assert "journal" in refused.value.strerror, refused.value.strerror
+        assert "move it aside" in refused.value.strerror or "remove it" in refused.value.strerror
+        assert values(root, original) == before
+    finally:
+        if env_before is None:
+            os.environ.pop("CPUPIN_LOCK_DIR", None)
+        else:
+            os.environ["CPUPIN_LOCK_DIR"] = env_before
+    assert victim.read_text() == "keep\n"
+
+
+class _held_in:
+    """A hold in ``locks`` on CPU 1 of ``root``, for the journal it writes."""
+
+    def __init__(self, locks, root):
+        self.locks, self.root = locks, root
+
+    def __enter__(self):
+        self.before = os.environ.get("CPUPIN_LOCK_DIR")
+        os.environ["CPUPIN_LOCK_DIR"] = str(self.locks)
+        self.hold = cpupin.hold_wake_latency({1}, 0, root=str(self.root))
+        return self.hold
+
+    def __exit__(self, *exc):
+        # Left in the journal: the test edits it, then the next hold settles it.
+        wake._held.remove(self.hold)
+        self.hold.released = True
+        if self.before is None:
+            os.environ.pop("CPUPIN_LOCK_DIR", None)
+        else:
+            os.environ["CPUPIN_LOCK_DIR"] = self.before
