@@ -281,7 +281,7 @@ def _default_signals() -> None:
     # Python ignores SIGPIPE and SIGXFSZ for itself; exec keeps an ignored
     # signal ignored, so put them back as a shell would have left them
     # (`cpupin exec -- yes | head -1` ends as `yes | head -1` does).
-    for name in ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGQUIT"):
+    for name in ("SIGPIPE", "SIGXFSZ"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
 

@@ -13,7 +13,7 @@ import pytest
 
 import cpupin
 from cpupin.cli import main
-from tests.support.helpers import sleeper_on
+from tests.support.helpers import interruptible, sleeper_on
 
 GPU7 = "0000:fa:00.0"  # the second GPU of node 3 on xeon6-b300
 
@@ -238,6 +238,7 @@ def test_top_ends_on_ctrl_c_with_exit_0():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     first = child.stdout.readline()  # it is sampling: Ctrl-C now
     child.send_signal(signal.SIGINT)

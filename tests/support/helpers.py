@@ -145,3 +145,13 @@ def ready_child(code, lock_dir, *args):
         child.kill()
         raise AssertionError(f"the child said {first!r}, not ready")
     return child
+
+
+def interruptible():
+    """``preexec_fn`` for a child a test interrupts with SIGINT: the child
+    starts with SIGINT at its default, as from a terminal, even when the
+    suite runs as a background job (whose shell ignores SIGINT, and Python
+    then keeps it ignored)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

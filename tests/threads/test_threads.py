@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import cpupin
 from cpupin.threads import thread as cpupin_threads
-from tests.support.helpers import proc_comm
+from tests.support.helpers import interruptible, proc_comm
 
 pytestmark = pytest.mark.skipif(len(cpupin.process_cpus()) < 2, reason="needs two CPUs")
 
@@ -473,8 +473,9 @@ print("FAILED", *sorted(t.id().rsplit(".", 1)[1] for t, _ in result.failures + r
 
 def suite_result(script, *args):
     out = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
+        preexec_fn=interruptible,  # CPython's tests interrupt the main thread
+    )  # fmt: skip
     # unittest's own progress may share the line: find the two markers.
     ran = re.search(r"RAN (\d+)", out.stdout)
     failed = re.search(r"^FAILED(.*)$", out.stdout, re.MULTILINE)
