@@ -297,6 +297,20 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
             raise HoldRefused(errno.EINVAL, f"CPU {cpu}'s resume latency: {exc}") from None
         return text.strip()
 
+    # Refused before the journal is touched where no write could succeed
+    # (not root, sysfs read-only): a user's failed hold leaves nothing in
+    # the lock directory that would stand in root's way.
+    for cpu in sorted(cpus):
+        path = os.path.join(root, SYSFS.format(cpu))
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+            except OSError as exc:
+                raise HoldRefused(
+                    exc.errno or errno.EACCES,
+                    why(exc, f"CPU {cpu}'s pm_qos_resume_latency_us")
+                    + f"; or hold every CPU through {DMA_LATENCY} (mechanism='dma')",
+                ) from None
     try:
         with locked("wake", root) as journal:
             try:
