@@ -224,8 +224,11 @@ def test_observe_records_every_process_times_every_step_and_leaves_nothing(model
         server.log.flush()
         log = Path(tmp_path, "server.log").read_text(errors="replace")
         for name in BAD_ENV:
+            # Said once, by the API server, which loads the plugin before vLLM
+            # gives its logger a handler: Python's last-resort handler prints
+            # it, and it prints WARNING and above only.
             said = [line for line in log.splitlines() if f"cpupin: {name}=" in line]
-            assert len(said) == 1 and "WARNING" in said[0], (name, said)
+            assert len(said) == 1, (name, said)
         procs = server.ps()
         assert set(procs) == {"vllm-api-server", "vllm-engine-core", "vllm-worker"}, procs
         api, core, worker = (
