@@ -203,15 +203,30 @@ def _print_pools(p: dict[str, Any], prefix: str) -> None:
 
 
 def _still_applied_lines(data: dict[str, object]) -> list[str]:
-    """What cpupin changed on the host that no live process owns."""
+    """What cpupin changed on the host that no live process owns: a line a
+    CPU, and the IRQs moved in a line for each root and way back (a host
+    may have thousands)."""
     changes = data.get("still_applied")
     assert isinstance(changes, list)
-    return [
-        f"applied  {printable(c['what'], 200)}"
-        + ("" if c["root"] == "/" else f" (under {printable(c['root'], 80)})")
-        + f": still applied; {c['undo']} puts it back"
-        for c in changes
-    ]
+    out = []
+    irqs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for c in changes:
+        where = "" if c["root"] == "/" else f" (under {printable(c['root'], 80)})"
+        if c["kind"] == "irq":
+            irqs.setdefault((where, c["undo"]), []).append(c)
+            continue
+        out.append(f"applied  {printable(c['what'], 200)}{where}: still applied; {c['undo']} "
+                   "puts it back")  # fmt: skip
+    for (where, undo), moved in irqs.items():
+        if len(moved) == 1:
+            what = printable(moved[0]["what"], 200)
+        else:
+            named = ", ".join(str(m["irq"]) for m in moved[:8])
+            more = f" and {len(moved) - 8} more" if len(moved) > 8 else ""
+            dead = " (an apply that died half way)" if undo == "cpupin ps --prune" else ""
+            what = f"{len(moved)} IRQs moved{dead}: {named}{more}"
+        out.append(f"applied  {what}{where}: still applied; {undo} puts them back")
+    return out
 
 
 def _left_out_lines(data: dict[str, object], records: list[Any]) -> list[str]:

@@ -89,6 +89,8 @@ def test_an_apply_killed_after_any_write_is_put_back(tmp_path, count):
         shown = json.loads(run([*args, "--json"]).stdout)["still_applied"]
         assert {c["irq"] for c in shown} == set(irqs)
         assert all(c["undo"] == "cpupin ps --prune" for c in shown)
+        if count > 1:
+            assert "IRQs moved (an apply that died half way)" in run(args).stdout
         if at % 2:
             out = run([*args, "--prune"])
             assert out.returncode == 0, out.stderr
@@ -109,6 +111,9 @@ def test_a_finished_apply_is_shown_until_restored(tmp_path):
     assert [(c["irq"], c["undo"]) for c in shown] == [(7, "cpupin irqs --restore")] + [
         (8, "cpupin irqs --restore")
     ]
+    text = run(args).stdout
+    assert "applied  2 IRQs moved: 7, 8 (under " in text, text
+    assert "still applied; cpupin irqs --restore puts them back" in text
     run([*args, "--prune"])  # a finished apply is the operator's: prune leaves it
     assert smp(root, 7) == "0-1"
     assert restore_moves(root=str(root), directory=str(tmp_path)) == [
