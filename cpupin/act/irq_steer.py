@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from cpupin.cpulist import format_cpulist, parse_cpulist
 from cpupin.errors import printable
-from cpupin.host._proc import exited
+from cpupin.host._proc import exited, own_start
 from cpupin.host._sysfs import Reader
 from cpupin.host.irqs import IrqOnPin
 from cpupin.registry.journal import locked
@@ -150,7 +150,7 @@ def apply_moves(
     done: list[IrqMove] = []
     if not wanted:
         return done, notes
-    owner = (os.getpid(), _own_start())
+    owner = (os.getpid(), own_start())
     with locked("irq", root, directory) as journal:
         found = irq_entries(journal.entries)
         kept = dict(found)
@@ -196,12 +196,6 @@ checkpoint: Callable[[str], None] | None = None
 
 def _by_number(item: tuple[str, object]) -> int:
     return int(item[0])
-
-
-def _own_start() -> int:
-    from cpupin.host._proc import start_time
-
-    return start_time(os.getpid()) or 0
 
 
 def restore_moves(

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from cpupin import _native
 from cpupin.cpulist import format_cpulist
@@ -46,6 +47,7 @@ from cpupin.host._pmqos import (
     parse_resume_latency,
     why,
 )
+from cpupin.host._proc import own_start
 from cpupin.host._sysfs import Reader
 
 __all__ = [
@@ -270,6 +272,43 @@ def _hold_dma(cpus: frozenset[int], max_us: int) -> WakeHold:
     return WakeHold(cpus, max_us, "dma", time.time(), fd=fd)
 
 
+def _original(r: Reader, cpu: int) -> str:
+    """A CPU's value before any hold, checked: what goes back at the end."""
+    text = r.text(SYSFS.format(cpu), 32)
+    if text is None:
+        raise HoldRefused(
+            errno.ENOENT,
+            f"CPU {cpu} exposes no power/pm_qos_resume_latency_us here (a container may "
+            f"hide it): hold every CPU through {DMA_LATENCY} instead (mechanism='dma')",
+        )
+    try:
+        parse_resume_latency(text)
+    except ValueError as exc:
+        raise HoldRefused(errno.EINVAL, f"CPU {cpu}'s resume latency: {exc}") from None
+    return text.strip()
+
+
+def _refused(exc: OSError, what: str) -> HoldRefused:
+    return HoldRefused(
+        exc.errno or errno.EIO,
+        why(exc, f"{what}'s pm_qos_resume_latency_us")
+        + f"; or hold every CPU through {DMA_LATENCY} (mechanism='dma')",
+    )
+
+
+def _check_writable(root: str, cpus: frozenset[int]) -> None:
+    """Refuse, before the journal is touched, where no write could succeed
+    (not root, sysfs read-only): a user's failed hold leaves nothing in the
+    lock directory that would stand in root's way."""
+    for cpu in sorted(cpus):
+        path = os.path.join(root, SYSFS.format(cpu))
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            try:  # access() says no; open() says why
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+            except OSError as exc:
+                raise _refused(exc, f"CPU {cpu}") from None
+
+
 def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> WakeHold:
     """Hold ``cpus`` through sysfs as a share of their journaled state
     (:mod:`cpupin.registry.holds`): journaled under the journal's lock
@@ -280,42 +319,13 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
     global _count
     with _lock:
         _count += 1
-        number = _count
-    me = shared.Holder(os.getpid(), _own_start(), number, max_us, round(time.time(), 3))
-
-    def original(cpu: int) -> str:
-        text = r.text(SYSFS.format(cpu), 32)
-        if text is None:
-            raise HoldRefused(
-                errno.ENOENT,
-                f"CPU {cpu} exposes no power/pm_qos_resume_latency_us here (a container may "
-                f"hide it): hold every CPU through {DMA_LATENCY} instead (mechanism='dma')",
-            )
-        try:
-            parse_resume_latency(text)
-        except ValueError as exc:
-            raise HoldRefused(errno.EINVAL, f"CPU {cpu}'s resume latency: {exc}") from None
-        return text.strip()
-
-    # Refused before the journal is touched where no write could succeed
-    # (not root, sysfs read-only): a user's failed hold leaves nothing in
-    # the lock directory that would stand in root's way.
-    for cpu in sorted(cpus):
-        path = os.path.join(root, SYSFS.format(cpu))
-        if os.path.exists(path) and not os.access(path, os.W_OK):
-            try:
-                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
-            except OSError as exc:
-                raise HoldRefused(
-                    exc.errno or errno.EACCES,
-                    why(exc, f"CPU {cpu}'s pm_qos_resume_latency_us")
-                    + f"; or hold every CPU through {DMA_LATENCY} (mechanism='dma')",
-                ) from None
+        me = shared.Holder(os.getpid(), own_start(), _count, max_us, round(time.time(), 3))
+    _check_writable(root, cpus)
     try:
         with locked("wake", root) as journal:
             try:
-                notes, together = shared.settle(
-                    journal, r, joining=me, cpus=cpus, read_original=original
+                notes, others = shared.settle(
+                    journal, r, joining=me, cpus=cpus, read_original=partial(_original, r)
                 )
             except OSError as exc:
                 # Undo from the journal: what this hold wrote goes back.
@@ -325,13 +335,8 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
                     pass  # left in the journal: the next settle puts it back
                 if isinstance(exc, HoldRefused):
                     raise
-                raise HoldRefused(
-                    exc.errno or errno.EIO,
-                    why(exc, f"CPUs {format_cpulist(cpus)}'s pm_qos_resume_latency_us")
-                    + f"; or hold every CPU through {DMA_LATENCY} (mechanism='dma')",
-                ) from None
-            originals = {c: e.original for c, e in shared.entries(journal.entries).items()}
-            others = _others(journal, cpus, me)
+                raise _refused(exc, f"CPUs {format_cpulist(cpus)}") from None
+            found = shared.entries(journal.entries)
     except HoldRefused:
         raise
     except OSError as exc:
@@ -340,44 +345,20 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
             f"the wake journal: {exc.strerror or exc}: a hold through sysfs is journaled "
             "before it is written",
         ) from None
-    hold = WakeHold(
-        cpus, max_us, "sysfs", me.since, {c: originals[c] for c in cpus if c in originals}, root
-    )
-    hold.number = number
+    hold = WakeHold(cpus, max_us, "sysfs", me.since, {c: found[c].original for c in cpus}, root)
+    hold.number = me.hold
     hold.notes.extend(notes)
-    if together:
+    if others:
+        mine = others == [os.getpid()]
+        who = "this process's holds" if mine else "pid " + ", ".join(map(str, others))
         hold.notes.append(
-            f"CPUs {format_cpulist(together)} shared with {others}: the strictest bound holds "
-            "while more than one lives, and each CPU goes back when the last lets go"
+            f"CPUs {format_cpulist(cpus)} shared with {who}: the strictest bound holds while "
+            "more than one lives, and each CPU goes back when the last lets go"
         )
     return hold
 
 
 _count = 0
-
-
-def _own_start() -> int:
-    from cpupin.host._proc import start_time
-
-    return start_time(os.getpid()) or 0
-
-
-def _others(journal: object, cpus: frozenset[int], me: object) -> str:
-    from cpupin.registry import holds as shared
-
-    assert hasattr(journal, "entries")
-    pids = sorted(
-        {
-            h.pid
-            for c, e in shared.entries(journal.entries).items()
-            if c in cpus
-            for h in e.holders
-            if h != me
-        }
-    )
-    if not pids:
-        return "another hold"
-    return "pid " + ", ".join(map(str, pids)) if pids != [os.getpid()] else "this process's holds"
 
 
 def _publish() -> None:
@@ -396,7 +377,7 @@ def _let_go(hold: WakeHold) -> list[str]:
 
     try:
         with locked("wake", hold.root) as journal, Reader(hold.root) as r:
-            notes, _ = shared.settle(journal, r, leaving=(os.getpid(), _own_start(), hold.number))
+            notes, _ = shared.settle(journal, r, leaving=(os.getpid(), own_start(), hold.number))
     except OSError as exc:
         return [
             f"CPUs {format_cpulist(hold.cpus)}: {exc.strerror or exc}: left in the wake journal; "

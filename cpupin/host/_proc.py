@@ -19,7 +19,7 @@ def _cwd() -> str:
 #: that changes directory later still meets its peers in the same place.
 START_CWD = _cwd()
 
-__all__ = ["euid_of", "exited", "start_time"]
+__all__ = ["euid_of", "exited", "own_start", "start_time"]
 
 
 def start_time(pid: int, tid: int | None = None) -> int | None:
@@ -43,6 +43,12 @@ def start_time(pid: int, tid: int | None = None) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def own_start() -> int:
+    """When this process started (0 if ``/proc`` cannot say): with its pid,
+    the name a journal gives an owner that no later process can take."""
+    return start_time(0) or 0
 
 
 def euid_of(pid: int) -> int | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from cpupin.errors import excerpt, printable
 from cpupin.host._pmqos import MAX_US, SYSFS, format_resume_latency, parse_resume_latency, why
-from cpupin.host._proc import exited, start_time
+from cpupin.host._proc import exited, own_start
 from cpupin.host._sysfs import Reader
 from cpupin.registry.journal import Journal, journals, locked, read_journal
 
@@ -195,13 +195,13 @@ def settle(
     and every dead holder is dropped. The new state is journaled first; then
     each CPU gets its live holders' strictest value, or its original when
     none is left (and its entry goes, journaled after). Returns notes, and
-    the CPUs shared with another live holder. ``OSError`` from a write or
+    the pids of the other live holders of ``cpus``. ``OSError`` from a write or
     from ``read_original`` leaves the journal naming what to undo: the
     caller lets go (``leaving``) in a second call."""
     found = entries(journal.entries)
     notes: list[str] = []
-    shared: set[int] = set()
-    me = (os.getpid(), start_time(os.getpid()))
+    others: set[int] = set()
+    me = (os.getpid(), own_start())
     for entry in found.values():
         kept = []
         for h in entry.holders:
@@ -216,8 +216,7 @@ def settle(
                 assert read_original is not None
                 found[cpu] = Entry(read_original(cpu), [], [])
             entry = found[cpu]
-            if entry.holders:
-                shared.add(cpu)
+            others.update(h.pid for h in entry.holders)
             if len(entry.holders) >= MAX_HOLDERS:
                 raise OSError(0, f"CPU {cpu} has {MAX_HOLDERS} holders already")
             entry.holders.append(joining)
@@ -241,7 +240,7 @@ def settle(
         del found[cpu]
     if done:
         _store(journal, found)
-    return notes, sorted(shared)
+    return notes, sorted(others)
 
 
 def settle_all(directory: str | None = None) -> list[str]:

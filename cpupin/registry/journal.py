@@ -39,7 +39,6 @@ __all__ = ["MAX_JOURNAL", "Journal", "journal_name", "journals", "locked", "read
 #: changing anything, so that a reader never meets one it cannot read
 #: (16,384 IRQs with long CPU lists fit).
 MAX_JOURNAL = 8 * 1024 * 1024
-KINDS = ("wake", "irq")
 _EARLIER_BOOT = "was written before the last boot: what it names is as booted"
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 NAME = re.compile(r"cpupin-journal-(wake|irq)-(host|[0-9a-f]{16})\.json")

@@ -158,10 +158,10 @@ def _own_members() -> None:
     that vLLM's shutdown leaves behind, at exit."""
     import atexit
 
-    from cpupin.host._proc import start_time
+    from cpupin.host._proc import own_start
     from cpupin.registry.prune import prune_members
 
-    me = (os.getpid(), start_time(os.getpid()) or 0)
+    me = (os.getpid(), own_start())
     os.environ[ENV_SERVER] = f"{me[0]}-{me[1]}"
 
     def prune() -> None:
