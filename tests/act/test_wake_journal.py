@@ -70,6 +70,23 @@ def child(args, lock_dir, prefix=(), **kw):
                           capture_output=True, text=True, timeout=120, **kw)  # fmt: skip
 
 
+def holding(root, locks, cpus):
+    """A child holding ``cpus`` (a CPU list) of ``root`` at 0 µs, once it
+    says it holds them; the test kills it or lets it go."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), cpus, "0", "wait", "0"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "CPUPIN_LOCK_DIR": str(locks)})  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def killed(proc):
+    """SIGKILL: no release, no exit handler."""
+    proc.kill()
+    proc.wait()
+    return proc
+
+
 def kill_points(phase, cpus, run_child):
     """Every step of ``phase``, counted by a run that is not killed."""
     done = run_child(phase, 0)
@@ -127,12 +144,7 @@ def test_the_value_put_back_is_the_hosts_never_a_dead_holders(
     locks = tmp_path / "locks"
     locks.mkdir()
     monkeypatch.setenv("CPUPIN_LOCK_DIR", str(locks))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), "1,2", "0", "wait", "0"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "CPUPIN_LOCK_DIR": str(locks)})  # fmt: skip
-    assert proc.stdout.readline() == "ready\n"
-    proc.kill()
-    proc.wait()
+    killed(holding(root, locks, "1,2"))
     assert values(root, [1, 2]) == {1: "n/a", 2: "n/a"}
     hold = cpupin.hold_wake_latency(set(overlap), bound, root=str(root))
     try:
@@ -212,12 +224,7 @@ def test_a_killed_holder_is_shown_by_ps_with_its_holds(tmp_path):
     root = tree(tmp_path / "root", original)
     locks = tmp_path / "locks"
     locks.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), "1,2", "0", "wait", "0"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "CPUPIN_LOCK_DIR": str(locks)})  # fmt: skip
-    assert proc.stdout.readline() == "ready\n"
-    proc.kill()
-    proc.wait()
+    proc = killed(holding(root, locks, "1,2"))
     args = [sys.executable, "-m", "cpupin", "ps", "--lock-dir", str(locks), "--interval", "0.01"]
     data = json.loads(run([*args, "--json"]).stdout)
     (stale,) = [p for p in data["processes"] if p["pid"] == proc.pid]
@@ -234,10 +241,21 @@ def test_a_killed_holder_is_shown_by_ps_with_its_holds(tmp_path):
 
 # --- the real files, in a private mount namespace ------------------------------------
 
+#: A mount namespace where cpuidle names a driver, whatever this host lists
+#: (a driver, "none" as many VMs, or nothing at all under a tmpfs, as CI's
+#: no-idle pass shows it): a fresh tmpfs over the cpuidle folder, holding
+#: only that name. The PM QoS files and /dev/cpu_dma_latency stay the real ones.
+CPUIDLE = "/sys/devices/system/cpu/cpuidle"
 NAMESPACE = (
-    "mount --make-rprivate / && mount --bind {driver} "
-    '/sys/devices/system/cpu/cpuidle/current_driver && exec "$@"'
+    f"mount --make-rprivate / && mount -t tmpfs none {CPUIDLE} && "
+    f'echo intel_idle > {CPUIDLE}/current_driver && exec "$@"'
 )
+
+
+def _cpuidle_refusal():
+    if not os.path.isdir(CPUIDLE):
+        return f"this kernel has no {CPUIDLE} folder to name a driver in (CONFIG_CPU_IDLE off)"
+    return None
 
 
 def _namespace_refusal():
@@ -248,8 +266,8 @@ def _namespace_refusal():
     cpu = min(os.sched_getaffinity(0))
     if not os.path.exists(REAL.format(cpu)):
         return "this kernel exposes no pm_qos_resume_latency_us"
-    if not os.path.exists("/sys/devices/system/cpu/cpuidle/current_driver"):
-        return "this kernel lists no cpuidle directory to bind a driver over"
+    if _cpuidle_refusal():
+        return _cpuidle_refusal()
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if probe.returncode != 0:
         return f"unshare -m refused: {probe.stderr.decode()[:80]}"
@@ -268,9 +286,7 @@ def test_a_real_holder_killed_at_any_step_is_put_back(tmp_path, phase):
     if why:
         pytest.skip(why)
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    driver = tmp_path / "driver"
-    driver.write_text("intel_idle\n")
-    prefix = ["unshare", "-m", "sh", "-c", NAMESPACE.format(driver=driver), "holder"]
+    prefix = ["unshare", "-m", "sh", "-c", NAMESPACE, "holder"]
     before = {c: Path(REAL.format(c)).read_text().strip() for c in cpus}
     try:
         count = None
@@ -312,8 +328,8 @@ def _dma_refusal():
         return "no unshare(1) here"
     if os.geteuid() != 0 or not os.access(DMA, os.W_OK):
         return f"{DMA} is not writable here (root, and a host that has it)"
-    if not os.path.exists("/sys/devices/system/cpu/cpuidle/current_driver"):
-        return "this kernel lists no cpuidle directory to bind a driver over"
+    if _cpuidle_refusal():
+        return _cpuidle_refusal()
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         return "unshare -m is refused here"
     return None
@@ -322,10 +338,8 @@ def _dma_refusal():
 def exec_in_namespace(tmp_path, program, bound=0, **kw):
     """``cpupin exec --wake-latency`` in a mount namespace where cpuidle
     names a driver, running ``program`` (shell)."""
-    driver = tmp_path / "driver"
-    driver.write_text("intel_idle\n")
     return subprocess.Popen(
-        ["unshare", "-m", "sh", "-c", NAMESPACE.format(driver=driver), "exec",
+        ["unshare", "-m", "sh", "-c", NAMESPACE, "exec",
          sys.executable, "-m", "cpupin", "exec", "--node", "0", "--no-pools",
          "--wake-latency", str(bound), "--", "sh", "-c", program],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -397,13 +411,9 @@ def test_the_doctor_warns_of_a_value_no_live_holder_answers_for(tmp_path):
     root = tree(tmp_path / "root", original)
     locks = tmp_path / "locks"
     locks.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), "1", "0", "wait", "0"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "CPUPIN_LOCK_DIR": str(locks)})  # fmt: skip
-    assert proc.stdout.readline() == "ready\n"
+    proc = holding(root, locks, "1")
     assert left_applied(range(4), str(locks), str(root)) == []  # a live holder answers
-    proc.kill()
-    proc.wait()
+    killed(proc)
     (root / "sys/devices/system/cpu/cpu2/power/pm_qos_resume_latency_us").write_text("40\n")
     lines = left_applied(range(4), str(locks), str(root))
     assert len(lines) == 2, lines
