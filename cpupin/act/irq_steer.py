@@ -165,8 +165,7 @@ def apply_moves(
                 first.since if first else now,
             )
         journal.entries = {k: e.as_entry() for k, e in sorted(kept.items(), key=_by_number)}
-        journal.encoded()  # ValueError here, before anything is moved
-        journal.save()
+        journal.save(journal.encoded())  # ValueError, before anything is moved
         if checkpoint is not None:
             checkpoint("journaled")
         with Reader(root) as r:

@@ -220,9 +220,6 @@ def settle(
             if len(entry.holders) >= MAX_HOLDERS:
                 raise OSError(0, f"CPU {cpu} has {MAX_HOLDERS} holders already")
             entry.holders.append(joining)
-            value = strictest(entry.holders)
-            assert value is not None
-            entry.wrote(value)
     for entry in found.values():
         value = strictest(entry.holders)
         if value is not None:
@@ -306,18 +303,16 @@ def still_applied(directory: str | None = None) -> list[dict[str, object]]:
     return out
 
 
-def dead_holds(directory: str | None = None) -> dict[tuple[int, int], list[Holder]]:
+def dead_holds(directory: str | None = None) -> dict[tuple[int, int], list[tuple[int, Holder]]]:
     """Each dead holder's holds that the wake journals still name, by
-    (pid, start time), a holder per CPU (its ``hold`` is the CPU)."""
-    out: dict[tuple[int, int], list[Holder]] = {}
+    (pid, start time): each CPU with the holder's entry on it."""
+    out: dict[tuple[int, int], list[tuple[int, Holder]]] = {}
     for root in journals("wake", directory):
         raw, _ = read_journal("wake", root, directory)
         for cpu, entry in sorted(entries(raw).items()):
             for h in entry.holders:
                 if not h.alive:
-                    out.setdefault((h.pid, h.start), []).append(
-                        Holder(h.pid, h.start, cpu, h.max_us, h.since)
-                    )
+                    out.setdefault((h.pid, h.start), []).append((cpu, h))
     return out
 
 

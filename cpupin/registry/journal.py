@@ -99,9 +99,10 @@ class Journal:
             )
         return data
 
-    def save(self) -> None:
+    def save(self, data: bytes | None = None) -> None:
         """Write :attr:`entries` durably (a new file flushed and renamed over
-        the old, the directory flushed); with none left, remove the file."""
+        the old, the directory flushed); with none left, remove the file.
+        ``data``: :meth:`encoded` already, where the caller checked its size."""
         if not self.entries:
             try:
                 os.unlink(self.name, dir_fd=self.dir_fd)
@@ -109,7 +110,8 @@ class Journal:
                 pass
             os.fsync(self.dir_fd)
             return
-        data = self.encoded()
+        if data is None:
+            data = self.encoded()
         tmp = f"cpupin-tmp-{os.getpid()}-{os.urandom(8).hex()}.tmp"
         fd = os.open(
             tmp,

@@ -342,8 +342,8 @@ def _changes(registry: Registry, where: str, host: frozenset[int]) -> None:
         if not held:
             continue
         by_hold: dict[tuple[int, float], set[int]] = {}
-        for h in held:
-            by_hold.setdefault((h.max_us, h.since), set()).add(h.hold)  # hold: the CPU here
+        for cpu, h in held:
+            by_hold.setdefault((h.max_us, h.since), set()).add(cpu)
         registry.records[i] = dataclasses.replace(
             r,
             wake_holds=tuple(
