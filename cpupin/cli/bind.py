@@ -326,13 +326,10 @@ def _supervise(argv: list[str], env: dict[str, str], hold: WakeHold) -> int:
     for name in FORWARDED:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), forward)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except ChildProcessError:
-            status = 0
-            break
+    try:
+        _, status = os.waitpid(pid, 0)  # resumed after each forwarded signal (PEP 475)
+    except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler a plugin set)
+        status = 0
     hold.release()
     if os.WIFSIGNALED(status):
         from cpupin.registry import writer as registry
