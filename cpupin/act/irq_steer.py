@@ -144,7 +144,7 @@ def apply_moves(
     each left, with why (``EIO``: the kernel manages it; ``EACCES``: root
     only). :class:`ValueError` before any write when the journal would
     outgrow what a reader reads; ``OSError`` when it cannot be written."""
-    wanted = [m for m in moves]
+    wanted = list(moves)
     notes = [f"IRQ {m.irq} ({m.name}) left: {m.reason}" for m in wanted if m.after is None]
     wanted = [m for m in wanted if m.after is not None]
     done: list[IrqMove] = []
@@ -227,10 +227,9 @@ def restore_moves(
             journal.save()
     except OSError as exc:
         return [f"the IRQ journal: {exc.strerror or exc}"]
-    remain = sum(1 for e in kept.values() if not dead_only or e.owner is not None)
-    if remain and not dead_only:
+    if kept and not dead_only:
         lines.append(
-            f"{remain} IRQ(s) still recorded as moved: cpupin irqs --restore tries them again"
+            f"{len(kept)} IRQ(s) still recorded as moved: cpupin irqs --restore tries them again"
         )
     return lines
 

@@ -124,7 +124,7 @@ def _examine(args: argparse.Namespace) -> _Report:
     if here:
         from cpupin.registry.holds import left_applied
 
-        wake_left = left_applied(host.cpus, getattr(args, "lock_dir", None))
+        wake_left = left_applied(host.cpus)  # the lock directory of $CPUPIN_LOCK_DIR
     return _Report(
         host,
         title,
