@@ -95,7 +95,8 @@ class Journal:
         if len(data) > MAX_JOURNAL:
             raise ValueError(
                 f"the {self.kind} journal would hold {len(data)} bytes, more than the "
-                f"{MAX_JOURNAL} a reader reads"
+                f"{MAX_JOURNAL} a reader reads: nothing was changed; change fewer at once "
+                "(put back earlier changes first)"
             )
         return data
 
