@@ -36,11 +36,28 @@ def pool_lines(pools: Sequence[Mapping[str, object]], indent: str = "  ") -> lis
     for p in pools:
         threads = p["threads"]
         assert isinstance(threads, int)
-        if threads < 2 and p["kind"] == "threads" and p["verdict"] == "fits":
+        if (
+            threads < 2
+            and p["kind"] == "threads"
+            and p["verdict"] == "fits"
+            and not p.get("spinning")
+            and not p.get("library")
+        ):
             single += 1
             continue
         stray = f", {p['stray']} inherited a pin" if p.get("stray") else ""
-        stray += f", {p['idle']} idle" if p.get("idle") else ""
+        stray += f", {p['idle']} idle" if p.get("idle") and p["verdict"] != "idle" else ""
+        if p.get("runnable_cpus") is not None:
+            stray += f", wanting {p['runnable_cpus']:.2g} CPU(s)"
+        stray += f", {p['spinning']} spinning" if p.get("spinning") else ""
+        if p.get("library") or p.get("variable"):
+            sized = ""
+            if p.get("variable"):
+                sized = printable(str(p["variable"]), 40)
+                if p.get("setting") is not None:
+                    sized += f" {printable(str(p['setting']), 24)}"
+            where = printable(str(p["library"]), 40) if p.get("library") else ""
+            stray += f" [{'; '.join(x for x in (where, sized) if x)}]"
         kind = " (configured)" if p["kind"] == "configured" else ""
         if p.get("guess"):
             kind = " (guessed)"

@@ -175,10 +175,19 @@ def _thread_lines(p: dict[str, Any]) -> list[str]:
         off = "" if t["on_its_pin"] or not t["alive"] else "  (moved off its pin)"
         if t.get("stall"):
             off += f"  stalled: {t['stall']}"
+        if t.get("spinning"):
+            off += "  spinning"
         out.append(
             f"{t['tid']:>8} {printable(t['name'], 16):16} {printable(t['role'], 8):8} "
             f"{t['cpus_list'][:12]:12} {cpu:>9} {wait:>10}{off}"
         )
+    pinned = {t["tid"] for t in p.get("threads", [])}
+    for t in p.get("spinning", []):
+        if t["tid"] not in pinned:
+            out.append(
+                f"{t['tid']:>8} {printable(t['name'], 16):16} {'-':8} {'':12}  spinning: "
+                "busy in the kernel, never blocking (a sched_yield or zero-timeout poll loop)"
+            )
     for t in p.get("interlopers", []):
         out.append(
             f"{t['tid']:>8} {printable(t['name'], 16):16} {'-':8} "

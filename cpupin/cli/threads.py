@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 from cpupin.cli import _args
 from cpupin.cli._pools import memory_lines, pool_lines
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
 from cpupin.host.numa_memory import memory_summary
-from cpupin.measure.sampling import audit, process_mask_of
+from cpupin.measure.sampling import Sampler, ThreadSample, audit, process_mask_of
 from cpupin.pools.census import census, pool_name
 from cpupin.process.mask import process_cpus, thread_masks
 
@@ -31,6 +32,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="process id, or self for this command's own threads (the default)",
     )
     threads.add_argument("--json", action="store_true", help="print JSON")
+    threads.add_argument(
+        "--interval",
+        type=_args.seconds(0.0, 60.0),
+        default=0.5,
+        metavar="S",
+        help="seconds to sample the threads over: a pool is judged by the CPUs its threads "
+        "want, not by how many exist, and a thread that spins is named (0: no sample, "
+        "judged by count; default 0.5)",
+    )
     threads.add_argument(
         "--tree",
         action="store_true",
@@ -63,13 +73,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_threads(args: argparse.Namespace) -> int:
     if args.tree:
         return _run_tree(os.getpid() if args.pid is None else args.pid, args.json)
-    threads = thread_masks(args.pid, last_cpu=True)
+    samples: list[ThreadSample] | None = None
+    if args.interval:
+        sampler = Sampler(args.pid).start()
+        time.sleep(args.interval)
+        samples = sampler.stop()
+        threads = sampler.threads
+    else:
+        threads = thread_masks(args.pid, last_cpu=True)
     if args.pid is None or args.pid == os.getpid():
         pid, mask, source = os.getpid(), process_cpus(), "cpupin.process_cpus()"
     else:
         pid = args.pid
         mask, source = process_mask_of(pid, [m for _, m in threads])
-    pools = census(args.pid)
+    pools = census(args.pid, threads=threads, samples=samples)
+    by_tid = {s.tid: s for s in samples or ()}
     memory = memory_summary(pid, mask)
     shared = (
         shared_narrow(pid, [(st.tid, st.name, m) for st, m in threads], mask)
@@ -83,10 +101,17 @@ def run_threads(args: argparse.Namespace) -> int:
                 "process_mask": sorted(mask),
                 "process_mask_list": format_cpulist(mask),
                 "process_mask_from": source,
+                "interval_s": args.interval,
                 "threads": [
-                    {**st._asdict(), "mask": sorted(m), "mask_list": format_cpulist(m)}
+                    {
+                        **st._asdict(),
+                        "mask": sorted(m),
+                        "mask_list": format_cpulist(m),
+                        **_sampled(by_tid.get(st.tid), samples is not None),
+                    }
                     for st, m in threads
                 ],
+                "spinning": list(pools.spinning),
                 "usable_cpus": pools.usable_cpus,
                 "pools": [p.as_dict() for p in pools.pools],
                 "memory": memory,
@@ -98,12 +123,19 @@ def run_threads(args: argparse.Namespace) -> int:
         f"pid {pid}: {_count(len(threads), 'thread')}; process mask {format_cpulist(mask)} "
         f"({source})"
     )
-    print(f"{'tid':>8} {'name':16} {'run ms':>10} {'wait ms':>10} {'cpu':>4}  mask")
+    print(
+        f"{'tid':>8} {'name':16} {'run ms':>10} {'wait ms':>10} {'cpu':>4}  "
+        + (f"{'ms/s':>7}  " if samples is not None else "")
+        + "mask"
+    )
     for st, m in threads:
         cpu = st.last_cpu if st.last_cpu is not None else "?"
+        got = by_tid.get(st.tid)
+        rate = f"{got.cpu_ms_per_s:>7.1f}  " if got else (f"{'-':>7}  " if samples else "")
         print(
             f"{st.tid:>8} {printable(st.name, 16):16} {st.run_ns / 1e6:>10.1f} "
-            f"{st.wait_ns / 1e6:>10.1f} {cpu!s:>4}  {format_cpulist(m)}"
+            f"{st.wait_ns / 1e6:>10.1f} {cpu!s:>4}  {rate}{format_cpulist(m)}"
+            + ("  spinning" if got and got.spinning else "")
         )
     quota = pools.plan.quota
     print(
@@ -119,6 +151,22 @@ def run_threads(args: argparse.Namespace) -> int:
     if shared:
         _print_shared(shared)
     return 0
+
+
+def _sampled(got: ThreadSample | None, sampled: bool) -> dict[str, object]:
+    """A thread's figures over the sample (``None`` each when it started
+    during it, or no sample was taken)."""
+    if got is None:
+        return {
+            "cpu_ms_per_s": None,
+            "wait_ms_per_s": None,
+            "spinning": None if not sampled else False,
+        }
+    return {
+        "cpu_ms_per_s": round(got.cpu_ms_per_s, 2),
+        "wait_ms_per_s": round(got.wait_ms_per_s, 2),
+        "spinning": got.spinning,
+    }
 
 
 def shared_narrow(

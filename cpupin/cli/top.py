@@ -15,7 +15,7 @@ from cpupin.cli import _args
 from cpupin.cli._pools import throttle_text
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
-from cpupin.measure.sampling import Sampler
+from cpupin.measure.sampling import Sampler, ThreadSample
 from cpupin.threads.thread import Thread
 
 if TYPE_CHECKING:
@@ -98,6 +98,7 @@ def _samples(
         remedies = stall_remedies(
             {s.stall for s in samples if s.stall}, args.pid, args.usable, args.capped
         )
+        remedies += spin_remedies(samples)
         if args.json or args.json_lines:
             throttling = sampler.throttling.as_dict() if sampler.throttling else None
             sample = {
@@ -132,11 +133,27 @@ def _samples(
                 f"{s.tid:>8} {printable(s.name, 16):16} {s.cpu_ms_per_s:>9.1f} "
                 f"{s.wait_ms_per_s:>10.1f} "
                 f"{s.last_cpu if s.last_cpu is not None else '?':>4}  "
-                f"{_short(s.mask):14} {s.state}" + (f", stalled: {s.stall}" if s.stall else "")
+                f"{_short(s.mask):14} {s.state}"
+                + (f", stalled: {s.stall}" if s.stall else "")
+                + (", spinning" if s.spinning else "")
             )
         for line in remedies:
             print(f"  -> {line}")
         sys.stdout.flush()
+
+
+def spin_remedies(samples: Iterable[ThreadSample]) -> list[str]:
+    """What to do about the threads that spun over a sample, in a line."""
+    spun = [s for s in samples if s.spinning]
+    if not spun:
+        return []
+    names = ", ".join(f"{printable(s.name, 16)} ({s.tid})" for s in spun[:4])
+    return [
+        f"{len(spun)} thread(s) spin ({names}{', ...' if len(spun) > 4 else ''}): each holds a "
+        "CPU while doing nothing, busy in the kernel and never blocking (a sched_yield or "
+        "zero-timeout poll loop); make it block or sleep between checks, and leave its CPU "
+        "out of a wake-latency hold, which buys nothing on a CPU that never idles"
+    ]
 
 
 def stall_remedies(

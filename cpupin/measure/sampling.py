@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from cpupin import _native
 from cpupin.cpulist import format_cpulist
 from cpupin.host.throttle import ThrottleProbe, Throttling
+from cpupin.measure.activity import TaskCounters, read_counters, spinning
 from cpupin.process.mask import process_cpus, start_time, thread_masks
 from cpupin.process.outside import process_mask_of, registry_of
 from cpupin.registry.reader import Record, Registry
@@ -69,6 +70,14 @@ class ThreadSample:
     """For a thread that waited at least :data:`STALL_MS_PER_S`: ``quota``
     when the process's cgroup was throttled by its quota in the interval,
     else ``contention`` (other threads held the CPUs); ``None`` otherwise."""
+    spinning: bool = False
+    """It burned a CPU doing nothing: busy, mostly in the kernel, never
+    blocking, moving no data (:func:`cpupin.measure.activity.spinning`)."""
+
+    @property
+    def runnable_ms_per_s(self) -> float:
+        """The time it wanted a CPU: ran or waited in the run queue."""
+        return self.cpu_ms_per_s + self.wait_ms_per_s
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -81,6 +90,7 @@ class ThreadSample:
             "mask_list": format_cpulist(self.mask),
             "state": self.state,
             "stall": self.stall,
+            "spinning": self.spinning,
         }
 
 
@@ -106,6 +116,7 @@ class Sampler:
         """Every thread and its mask as the last stop read them."""
         self._probe = ThrottleProbe(None if self.pid == os.getpid() else self.pid, root)
         self._first: dict[int, _native.ThreadStat] = {}
+        self._counters: dict[int, TaskCounters] = {}
         self._start = 0
         self._started: int | None = None
 
@@ -129,6 +140,9 @@ class Sampler:
                 + "; sampling stopped",
             )
 
+    def _target(self) -> int:
+        return os.getpid() if self.pid is None else self.pid
+
     def start(self) -> Sampler:
         self._same_process()
         # The clock is read before the first figures and after the last
@@ -137,6 +151,7 @@ class Sampler:
         # delays the reads between (a busy host, the throttling probe).
         self._start = time.monotonic_ns()
         self._first = {st.tid: st for st in _native.thread_stats(self.pid)}
+        self._counters = read_counters(self._target(), list(self._first))
         self._probe.start()
         return self
 
@@ -149,6 +164,7 @@ class Sampler:
         self._same_process()  # says that it exited, or now names another
         if not threads:
             raise ProcessLookupError(errno.ESRCH, f"pid {pid} exited; sampling stopped")
+        counters = read_counters(self._target(), [st.tid for st, _ in threads])
         wall_ms = max(time.monotonic_ns() - self._start, 1) / 1e6
         self.threads = threads
         self.throttling = throttling = self._probe.stop()
@@ -175,16 +191,24 @@ class Sampler:
             else:  # from outside, its record tells a registered pin from the rest
                 state = "interloper" if cpus <= pinned_cpus else "narrower"
             wait = (st.wait_ns - before.wait_ns) / 1e6 / wall_ms * 1000
+            run = (st.run_ns - before.run_ns) / 1e6 / wall_ms * 1000
+            was, now = self._counters.get(st.tid), counters.get(st.tid)
+            spins = (
+                was is not None
+                and now is not None
+                and spinning(was, now, (run + wait) / 1000, wall_ms / 1000)
+            )
             out.append(
                 ThreadSample(
                     st.tid,
                     st.name,
-                    (st.run_ns - before.run_ns) / 1e6 / wall_ms * 1000,
+                    run,
                     wait,
                     st.last_cpu,
                     cpus,
                     state,
                     stall_of(wait, throttling),
+                    spins,
                 )
             )
         self.samples = sorted(out, key=lambda s: -s.cpu_ms_per_s)
@@ -344,7 +368,12 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
     for record in (r for r in registry.records if r.kind == "process"):
         entry = record.as_dict()
         entry.update(
-            threads=[], interlopers=[], sample_error=None, usable_cpus=None, throttling=None
+            threads=[],
+            interlopers=[],
+            spinning=[],
+            sample_error=None,
+            usable_cpus=None,
+            throttling=None,
         )
         entry["pools"] = []
         entry["memory"] = None
@@ -352,8 +381,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
         if record.live and isinstance(result, Sampler):
             got, throttling = result.samples, result.throttling
             entry["throttling"] = throttling.as_dict() if throttling else None
-            ran = [s.tid for s in got if s.cpu_ms_per_s > 0]
-            entry.update(_pools_of(record, result.threads, ran))
+            entry.update(_pools_of(record, result.threads, got))
             by_tid = {s.tid: s for s in got}
             pinned = {p.tid: p for p in record.pins}
             threads = []
@@ -371,6 +399,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
                         "cpu_ms_per_s": round(s.cpu_ms_per_s, 2) if s else None,
                         "wait_ms_per_s": round(s.wait_ms_per_s, 2) if s else None,
                         "stall": s.stall if s else None,
+                        "spinning": s.spinning if s else None,
                     }
                 )
             # As top tells them: a thread on the process mask is not an
@@ -386,7 +415,8 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
                 for s in got
                 if s.tid not in pinned and s.state == "interloper"
             ]
-            entry.update(threads=threads, interlopers=interlopers)
+            spinning = [{"tid": s.tid, "name": s.name} for s in got if s.spinning]
+            entry.update(threads=threads, interlopers=interlopers, spinning=spinning)
         elif record.live:
             entry["sample_error"] = result
         processes.append(entry)
@@ -409,7 +439,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
 def _pools_of(
     record: Record,
     threads: list[tuple[_native.ThreadStat, frozenset[int]]],
-    ran: Iterable[int] | None = None,
+    samples: Iterable[ThreadSample] | None = None,
 ) -> dict[str, object]:
     """A process's usable CPUs, its census of pools and where its memory
     lies (against the nodes of the mask the census found), seen from
@@ -420,7 +450,9 @@ def _pools_of(
 
     try:
         pins = {p.tid: p.cpus for p in record.pins}
-        found = census(record.pid, threads=threads, pins=pins, ran=ran, recorded=record.pools)
+        found = census(
+            record.pid, threads=threads, pins=pins, samples=samples, recorded=record.pools
+        )
     except (OSError, ValueError):
         return {}
     return {

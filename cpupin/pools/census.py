@@ -24,20 +24,24 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from cpupin._native import ThreadStat
 from cpupin.cpulist import format_cpulist
+from cpupin.errors import excerpt
 from cpupin.host._sysfs import Reader
 from cpupin.plan.cpuplan import CpuPlan
 from cpupin.pools.limits import cpu_plan
 from cpupin.process.mask import own_pins, process_cpus, thread_masks
-from cpupin.process.outside import process_mask_of, record_of
+from cpupin.process.outside import process_mask_of, read_environ, record_of
+from cpupin.process.stacks import LibraryPool, library_pool, thread_libraries
 from cpupin.registry._pool_names import ONE_EACH, configured_pools, pool_name, recorded_pools
 from cpupin.registry._torch_thread import note_pool_thread
 
 if TYPE_CHECKING:
+    from cpupin.measure.sampling import ThreadSample
     from cpupin.registry._fields import RecordedPool
 
 __all__ = [
     "FITS",
     "FROM_HOST",
+    "IDLE",
     "OVERSUBSCRIBED",
     "Census",
     "Pool",
@@ -53,6 +57,7 @@ __all__ = [
 FITS = "fits"
 OVERSUBSCRIBED = "oversubscribed"
 FROM_HOST = "sized from the host"
+IDLE = "idle"
 
 
 @dataclass(frozen=True)
@@ -63,10 +68,13 @@ class Pool:
     threads: int
     usable_cpus: int
     verdict: str
-    """``fits``, ``oversubscribed`` (more threads than usable CPUs) or
-    ``sized from the host`` (as many as the host's or a node's CPUs, or
-    ``os.cpu_count() + 4`` as ThreadPoolExecutor counts, while the process
-    has fewer usable CPUs)."""
+    """``fits``; ``oversubscribed`` (more of its threads want a CPU than
+    there are usable CPUs: over a sample, their run and run-queue time adds
+    up to more CPUs; without one, more threads than CPUs); ``idle`` (larger
+    than the usable CPUs, but none of its threads wanted a CPU during the
+    sample); or ``sized from the host`` (as many as the host's or a node's
+    CPUs, or ``os.cpu_count() + 4`` as ThreadPoolExecutor counts, while the
+    process has fewer usable CPUs: a sizing fault even while it sleeps)."""
     kind: str = "threads"
     """``threads``: counted from the threads running; ``configured``: a
     library's setting (threadpoolctl, torch), whose threads start on use."""
@@ -85,6 +93,21 @@ class Pool:
     """Grouped from outside by what the threads wait in, not by a name: they
     carry only the name of the thread that started them, and the process's
     record does not name them."""
+    runnable: float | None = None
+    """The CPUs its threads wanted over the sample (run and run-queue time,
+    in CPUs); ``None`` without a sample."""
+    spinning: int = 0
+    """Threads of the pool that spun during the sample (busy, in the
+    kernel, never blocking: :func:`cpupin.measure.activity.spinning`)."""
+    library: str | None = None
+    """The library its threads wait in, read from their stacks
+    (:mod:`cpupin.process.stacks`): ``libgomp.so.1``."""
+    variable: str | None = None
+    """What sizes the pool: the environment variable (``OMP_NUM_THREADS``)
+    or the call (``zmq.Context(io_threads=N)``)."""
+    setting: str | None = None
+    """The variable's value in the process's environment as it started
+    (``unset`` when absent; ``None`` when not read)."""
 
     @property
     def remedy(self) -> str:
@@ -103,6 +126,11 @@ class Pool:
             "stray": self.stray,
             "idle": self.idle,
             "guess": self.guess,
+            "runnable_cpus": None if self.runnable is None else round(self.runnable, 2),
+            "spinning": self.spinning,
+            "library": self.library,
+            "variable": self.variable,
+            "setting": self.setting,
             "remedy": self.remedy or None,
         }
 
@@ -120,16 +148,19 @@ _POOL_VARIABLE = (
 
 
 def remedy(pool: Pool) -> str:
-    """What to do about a pool that does not fit or inherited a pin, in a
-    line: the size to give it (its variable where one sizes it), or how to
+    """What to do about a pool that does not fit, spins or inherited a pin,
+    in a line: the size to give it (what sizes it, where known), or how to
     start its threads; empty for a pool that fits on its own mask. Pure."""
     usable = pool.usable_cpus
     name = pool.name.lower()
-    variable = next((v for key, v in _POOL_VARIABLE if key in name), None)
+    variable = pool.variable or next((v for key, v in _POOL_VARIABLE if key in name), None)
     if "threadpoolexecutor" in name:
         size = f"max_workers={usable} (or cpupin.ThreadPool(), which counts the usable CPUs)"
+    elif variable is not None and "(" in variable:
+        size = variable.replace("=N", f"={usable}")
     elif variable is not None:
-        size = f"{variable}={usable} before it starts, or cpupin.limit_pools() in the process"
+        now = f" (now {pool.setting})" if pool.setting else ""
+        size = f"{variable}={usable}{now} before it starts, or cpupin.limit_pools() in the process"
     else:
         size = f"{usable} thread(s), from cpupin.usable_cpus() rather than os.cpu_count()"
     parts = []
@@ -137,6 +168,8 @@ def remedy(pool: Pool) -> str:
         parts.append(f"run at most {usable} of its threads at once: {size}")
     elif pool.verdict == FROM_HOST:
         parts.append(f"size it from the {usable} usable CPU(s), not the host's count: {size}")
+    if pool.spinning:
+        parts.append(f"{pool.spinning} thread(s) spin, each holding a CPU: {_spin_knob(pool)}")
     if pool.stray:
         parts.append(
             f"{pool.stray} thread(s) inherited a pin: start them from an unpinned thread "
@@ -145,14 +178,46 @@ def remedy(pool: Pool) -> str:
     return "; ".join(parts)
 
 
-def verdict(threads: int, usable: int, host_sizes: Iterable[int], idle: int = 0) -> str:
+def _spin_knob(pool: Pool) -> str:
+    """What makes a pool's threads stop spinning, where it is known."""
+    library = (pool.library or pool.name).lower()
+    if "libgomp" in library:
+        return "OMP_WAIT_POLICY=passive makes libgomp's idle threads sleep instead"
+    if "libiomp5" in library or "libomp" in library:
+        return "KMP_BLOCKTIME=0 makes the OpenMP runtime's idle threads sleep at once"
+    return (
+        "it busy-waits (sched_yield or a zero-timeout poll): a blocking wait, or a sleep "
+        "between checks, frees the CPU"
+    )
+
+
+#: Under this many CPUs wanted over a sample, a pool is idle.
+IDLE_CPUS = 0.01
+#: A pool oversubscribes when its threads want more than the usable CPUs by
+#: at least this much (half a CPU: one thread more than there are CPUs).
+OVER_BY = 0.5
+
+
+def verdict(
+    threads: int,
+    usable: int,
+    host_sizes: Iterable[int],
+    idle: int = 0,
+    runnable: float | None = None,
+) -> str:
     """A pool's verdict: see :attr:`Pool.verdict`. A size that betrays a
     count of the host is a sizing fault even while the pool sleeps; beyond
-    that, only the threads that run (not ``idle``) can oversubscribe."""
+    that, only what its threads want of a CPU can oversubscribe: with a
+    sample (``runnable``: their run and run-queue time, in CPUs), that;
+    without one, its threads that ran (not ``idle``)."""
     if threads <= usable:
         return FITS
     if threads in set(host_sizes):
         return FROM_HOST
+    if runnable is not None:
+        if runnable < IDLE_CPUS:
+            return IDLE
+        return OVERSUBSCRIBED if runnable >= usable + OVER_BY else FITS
     return FITS if threads - idle <= usable else OVERSUBSCRIBED
 
 
@@ -171,6 +236,8 @@ class Census:
     pid: int
     plan: CpuPlan
     pools: tuple[Pool, ...]
+    spinning: tuple[int, ...] = ()
+    """Threads that spun during the sample (none without one)."""
 
     @property
     def usable_cpus(self) -> int:
@@ -186,6 +253,7 @@ class Census:
             "quota_cpus": None if quota is None else round(quota.quota_us / quota.period_us, 2),
             "pinned": sorted(self.plan.pinned),
             "pools": [p.as_dict() for p in self.pools],
+            "spinning": list(self.spinning),
         }
 
 
@@ -203,25 +271,33 @@ def census(
     plan: CpuPlan | None = None,
     threads: list[tuple[ThreadStat, frozenset[int]]] | None = None,
     pins: Mapping[int, frozenset[int]] | None = None,
-    ran: Iterable[int] | None = None,
+    samples: Iterable[ThreadSample] | None = None,
     recorded: Iterable[RecordedPool] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Census:
-    """Group a process's threads (``None``: this one) into pools by name and
-    judge each against its usable CPUs.
+    """Group a process's threads (``None``: this one) into pools and judge
+    each against its usable CPUs.
 
     In this process a thread is named by its Python name where it has one (a
     ``multiprocessing.Queue`` feeder shows as ``QueueFeederThread``), and the
     pools the loaded libraries configured are listed too (threadpoolctl,
     torch's intra-op pool). From outside, the pools of the process's record
     come first (its threads by their Python names, and its configured pools:
-    the inside view), then the kernel's names; threads that only inherited
-    the name of the thread that started them are grouped by what they wait
-    in, as a guess (:attr:`Pool.guess`); the main thread (tid = pid) stands
-    alone. ``plan``, ``threads`` (as :func:`~cpupin.process.mask.thread_masks`
+    the inside view), then the kernel's names. A thread nothing named (it
+    carries the name of the thread that started it) joins the pool of the
+    library it waits in, read from its stack (:mod:`cpupin.process.stacks`:
+    libgomp's team, OpenBLAS's, a Rayon pool), else is grouped by what it
+    waits in (``wchan``), as a guess (:attr:`Pool.guess`); the main thread
+    (tid = pid) stands alone. Each pool names what sizes it and its value
+    in the process's environment (``environ`` replaces the one read).
+
+    ``plan``, ``threads`` (as :func:`~cpupin.process.mask.thread_masks`
     gives them), ``pins`` (tid to its registered pin) and ``recorded`` (the
-    record's pools) replace what would be read. ``ran``: the threads that
-    ran during a sample (``cpupin ps`` gives its own); the others count as
-    idle in each pool's verdict.
+    record's pools) replace what would be read. ``samples``: each thread
+    over an interval (:class:`~cpupin.measure.sampling.Sampler`); a pool is
+    then judged by the CPUs its threads wanted, not by how many exist, and
+    its spinning threads are counted (each holds a CPU the other pools
+    cannot use).
     """
     own = pid is None or pid == os.getpid()
     target = os.getpid() if own else int(pid or 0)
@@ -233,17 +309,22 @@ def census(
             pins=own_pins() if pins is None else dict(pins),
             mask=process_cpus(),
         )
+        env: Mapping[str, str] | None = os.environ if environ is None else environ
     else:
         view = _outside(target, threads, pins, recorded)
+        env = read_environ(target)[0] if environ is None else environ
     if plan is None:
         pinned = frozenset().union(*view.pins.values())
         plan = cpu_plan(target, root=root, mask=view.mask, pinned=pinned)
     usable = plan.usable_cpus
     sizes = host_sizes(*_host_shape(root))
-    groups = _group(target, threads, view, _unnamed_waits(root, target, threads, view, own))
-    active = None if ran is None else frozenset(ran)
+    libraries = _libraries(target, threads, view)
+    waits = _unnamed_waits(root, target, threads, view, own, libraries)
+    groups = _group(target, threads, view, waits, libraries)
+    sampled = None if samples is None else {s.tid: s for s in samples}
+    spinners = frozenset(t for t, s in (sampled or {}).items() if s.spinning)
     pools = [
-        _judge(name, guess, members, usable, sizes, active)
+        _judge(name, guess, members, _Sizing(usable, sizes, sampled, spinners), libraries, env)
         for (name, guess), members in groups.items()
     ]
     if own:
@@ -261,7 +342,7 @@ def census(
             for rp in view.configured
         )
     pools.sort(key=lambda p: (p.kind != "threads", -p.threads, p.name))
-    return Census(target, plan, tuple(pools))
+    return Census(target, plan, tuple(pools), tuple(sorted(spinners)))
 
 
 class _View(NamedTuple):
@@ -304,23 +385,44 @@ def _outside(
     return _View(dict(pins), mask, named=named, configured=tuple(configured))
 
 
+def _libraries(
+    target: int, threads: list[tuple[ThreadStat, frozenset[int]]], view: _View
+) -> dict[int, str]:
+    """The library each thread that neither the record nor Python names
+    waits in, read from its stack (the main thread stands alone)."""
+    tids = [
+        st.tid
+        for st, _ in threads
+        if st.tid != target and st.tid not in view.named and st.tid not in view.names
+    ]
+    try:
+        return thread_libraries(target, tids)
+    except OSError:
+        return {}
+
+
 def _unnamed_waits(
     root: str,
     target: int,
     threads: list[tuple[ThreadStat, frozenset[int]]],
     view: _View,
     own: bool,
+    libraries: Mapping[int, str],
 ) -> dict[int, str | None]:
     """From outside, a thread nothing named carries the process's name (its
-    main thread's): what each such thread waits in, to group them by, as a
-    guess. Nothing for this process, which knows its threads' names."""
+    main thread's): what each such thread whose library is not known waits
+    in, to group them by, as a guess. Nothing for this process, which knows
+    its threads' names."""
     if own:
         return {}
     main_name = next((st.name for st, _ in threads if st.tid == target), None)
     unnamed = [
         st.tid
         for st, _ in threads
-        if st.tid != target and st.tid not in view.named and st.name == main_name
+        if st.tid != target
+        and st.tid not in view.named
+        and st.name == main_name
+        and library_pool(libraries.get(st.tid, "")) is None
     ]
     return _wchans(root, target, unnamed) if unnamed else {}
 
@@ -330,18 +432,24 @@ def _group(
     threads: list[tuple[ThreadStat, frozenset[int]]],
     view: _View,
     waits: Mapping[int, str | None],
+    libraries: Mapping[int, str],
 ) -> dict[tuple[str, bool], list[tuple[int, bool]]]:
     """The threads by pool name (and whether the name is a guess): each
     member's tid, and whether it strays off the process mask and its pin."""
+    main_name = next((st.name for st, _ in threads if st.tid == target), None)
     groups: dict[tuple[str, bool], list[tuple[int, bool]]] = {}
     for st, cpus in threads:
         guess = st.tid in waits
+        known = library_pool(libraries.get(st.tid, ""))
         if st.tid == target:
             group = "main thread"
         elif st.tid in view.named:
             group = view.named[st.tid]
         elif st.tid in view.names:
             group = pool_name(view.names[st.tid])
+        elif known is not None and st.name == main_name:
+            # the kernel's name is the starter's: the library says which pool
+            group = known.label
         elif guess:
             group = f"{pool_name(st.name)} [{waits[st.tid] or '?'}]"
         else:
@@ -351,23 +459,80 @@ def _group(
     return groups
 
 
+class _Sizing(NamedTuple):
+    """What every pool is judged against."""
+
+    usable: int
+    sizes: frozenset[int]
+    sampled: Mapping[int, ThreadSample] | None
+    spinners: frozenset[int]
+
+
 def _judge(
     name: str,
     guess: bool,
     members: list[tuple[int, bool]],
-    usable: int,
-    sizes: frozenset[int],
-    active: frozenset[int] | None,
+    sizing: _Sizing,
+    libraries: Mapping[int, str],
+    env: Mapping[str, str] | None,
 ) -> Pool:
-    """One pool of threads and its verdict: the threads that did not run
-    during the sample (``active``) count as idle."""
-    idle = 0 if active is None else sum(t not in active for t, _ in members)
+    """One pool of threads and its verdict. With a sample, the CPUs its
+    threads wanted decide, and spinning threads of other pools each take a
+    CPU from it (not below one)."""
+    tids = tuple(t for t, _ in members)
+    usable = sizing.usable
+    runnable: float | None = None
+    idle = 0
+    spinning = sum(t in sizing.spinners for t in tids)
+    if sizing.sampled is not None:
+        got = [sizing.sampled[t] for t in tids if t in sizing.sampled]
+        runnable = sum(s.runnable_ms_per_s for s in got) / 1000
+        idle = sum(s.runnable_ms_per_s <= 0 for s in got) + len(tids) - len(got)
+        usable = max(1, usable - (len(sizing.spinners) - spinning))
     # Threads one a queue (feeders) are as many as the queues, each as busy
     # as its queue: not a pool that any size could fit.
-    judged = FITS if name in ONE_EACH else verdict(len(members), usable, sizes, idle)
-    tids = tuple(t for t, _ in members)
+    if name in ONE_EACH:
+        judged = FITS
+    else:
+        judged = verdict(len(members), usable, sizing.sizes, idle, runnable)
+    library, known = _library_of(tids, libraries)
+    variable = None if known is None else (known.variable or known.knob)
+    if variable is None:
+        variable = next((v for key, v in _POOL_VARIABLE if key in name.lower()), None)
+    setting = None
+    if variable is not None and "(" not in variable and env is not None:
+        setting = excerpt(env[variable], 24) if variable in env else "unset"
     strays = sum(s for _, s in members)
-    return Pool(name, len(members), usable, judged, "threads", tids, strays, idle, guess)
+    return Pool(
+        name,
+        len(members),
+        usable,
+        judged,
+        "threads",
+        tids,
+        strays,
+        idle,
+        guess,
+        runnable,
+        spinning,
+        library,
+        variable,
+        setting,
+    )
+
+
+def _library_of(
+    tids: tuple[int, ...], libraries: Mapping[int, str]
+) -> tuple[str | None, LibraryPool | None]:
+    """The library most of a pool's threads wait in, and its pool."""
+    counts: dict[str, int] = {}
+    for tid in tids:
+        if tid in libraries:
+            counts[libraries[tid]] = counts.get(libraries[tid], 0) + 1
+    if not counts:
+        return None, None
+    library = max(counts, key=lambda k: counts[k])
+    return library, library_pool(library)
 
 
 _WCHAN = re.compile(r"[A-Za-z0-9_.]{1,48}")
