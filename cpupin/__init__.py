@@ -81,7 +81,14 @@ if TYPE_CHECKING:
         setting_from_env,
     )
     from cpupin.pools.census import Census, Pool, census
-    from cpupin.pools.limits import PoolLimits, cpu_plan, limit_pools, pool_env, usable_cpus
+    from cpupin.pools.limits import (
+        PoolLimits,
+        apply_thread_limits,
+        cpu_plan,
+        limit_pools,
+        pool_env,
+        usable_cpus,
+    )
     from cpupin.registry.lock import Claim, claim_gpus
     from cpupin.threads.guard import Drift, PinGuard, check_pins, guard_pins
     from cpupin.threads.thread import Queue, ThreadPool
@@ -93,6 +100,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "Binding": "plan.binding",
     "Census": "pools.census",
+    "apply_thread_limits": "pools.limits",
     "Claim": "registry.lock",
     "Core": "host.topology",
     "CoreClass": "host.topology",
@@ -267,6 +275,7 @@ __all__ = [
     "census",
     "cpu_plan",
     "limit_pools",
+    "apply_thread_limits",
     "pool_env",
     "usable_cpus",
     "bind_process",

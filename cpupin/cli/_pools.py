@@ -47,7 +47,7 @@ def pool_lines(pools: Sequence[Mapping[str, object]], indent: str = "  ") -> lis
             continue
         stray = f", {p['stray']} inherited a pin" if p.get("stray") else ""
         stray += f", {p['idle']} idle" if p.get("idle") and p["verdict"] != "idle" else ""
-        if p.get("runnable_cpus") is not None:
+        if p.get("runnable_cpus"):
             stray += f", wanting {p['runnable_cpus']:.2g} CPU(s)"
         stray += f", {p['spinning']} spinning" if p.get("spinning") else ""
         if p.get("library") or p.get("variable"):

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import time
 from dataclasses import dataclass, field
 
 from cpupin.act.binding import memory_binding_check
 from cpupin.cli import _args
+from cpupin.cli._pools import pool_lines
 from cpupin.cpulist import format_cpulist
-from cpupin.errors import PlanError
+from cpupin.errors import PlanError, printable
 from cpupin.host.irqs import MAX_LISTED, IrqOnPin, irqbalance_advice, read_irqs
 from cpupin.host.launcher import CpuOrigin, explain_cpus
 from cpupin.host.topology import Host, read_host
@@ -98,6 +101,7 @@ def _examine(args: argparse.Namespace) -> _Report:
         if not here:
             raise ValueError("--pid judges a process on this machine: leave out --host and --root")
         process, mask, environ = _process_facts(args.pid)
+        host = _with_cgroup_of(host, args.pid, process)
         title = f"pid {args.pid} on this machine"
     diagnosis = _measured_diagnosis(args, host, here)
     if process is not None:
@@ -113,6 +117,8 @@ def _examine(args: argparse.Namespace) -> _Report:
         advice: dict[str, int] = {}
     else:
         problems, advice = environment_advice(plan, len(host.cpus), environ)
+    if process is not None:
+        problems, advice = _judged_in_process(process, plan, problems, advice)
     memory_ok: bool | None = None
     memory_why = "binding not checked (not this machine)"
     if here:
@@ -171,18 +177,77 @@ def _irqs_on(
     return read_irqs(host.root, pinned, interval=args.irq_interval)
 
 
+#: Seconds the doctor samples a process's threads over (``--pid``).
+SAMPLE_S = 0.5
+
+
+def _with_cgroup_of(host: Host, pid: int, process: dict[str, object]) -> Host:
+    """The host as the process sees it: its own cgroup's cpuset, quota
+    (the strictest of its cgroup and ancestors, v1 or v2) and path, not
+    this command's; its CPU weight goes into ``process``."""
+    from cpupin.host._sysfs import Reader
+    from cpupin.host.cgroup import cgroup_path, read_cgroup, read_weight
+
+    with Reader("/") as r:
+        cpuset, quota = read_cgroup(r, str(pid))
+        path = cgroup_path(r, str(pid))
+        weight = read_weight(r, str(pid))
+    process["cgroup"] = path
+    process["weight"] = (
+        None
+        if weight is None
+        else {"value": weight.value, "default": weight.default, "source": weight.source}
+    )
+    return dataclasses.replace(host, cpuset=cpuset, quota=quota, cgroup=path)
+
+
+def _judged_in_process(
+    process: dict[str, object], plan: CpuPlan, problems: list[str], advice: dict[str, int]
+) -> tuple[list[str], dict[str, int]]:
+    """The pool variables' verdict, where the process sized its pools
+    itself: its record says it called ``cpupin.limit_pools()``, so the
+    environment it started with no longer sizes them; say so, and judge the
+    pools its record lists instead."""
+    limited = process.get("limited")
+    if not limited:
+        return problems, advice
+    lines = [
+        f"it sized its pools itself (its record: {limited}); the variables it started with "
+        "no longer size them"
+    ]
+    configured = process.get("configured")
+    assert isinstance(configured, list)
+    for name, threads in configured:
+        if threads > plan.usable_cpus:
+            lines.append(
+                f"its record lists {name} at {threads} thread(s), more than the "
+                f"{plan.usable_cpus} usable CPU(s): call cpupin.limit_pools() after the "
+                "library loads"
+            )
+    lines.append(
+        "OpenMP keeps that limit per thread: a thread other than the one that called "
+        "limit_pools() runs OpenMP's default team unless started as a cpupin.Thread"
+    )
+    return lines, {}
+
+
 def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[str, str] | None]:
     """Another process's facts for the doctor: its mask (the launcher's view
     where an OpenMP binding narrowed every thread), its environment (``None``
-    when unreadable or overwritten by its title), and its crowded CPUs."""
-    from cpupin.cli.threads import _title, shared_narrow
-    from cpupin.process.mask import thread_masks
-    from cpupin.process.outside import process_mask_of, read_environ
+    when unreadable or overwritten by its title), its crowded CPUs, what its
+    record says, and its pools and spinning threads over a short sample."""
+    from cpupin.cli.threads import _title, collapse_of, shared_narrow
+    from cpupin.measure.sampling import Sampler
+    from cpupin.pools.census import census
+    from cpupin.process.outside import process_mask_of, read_environ, record_of
 
     try:
-        threads = thread_masks(pid)
+        sampler = Sampler(pid).start()
+        time.sleep(SAMPLE_S)
+        samples = sampler.stop()
     except ProcessLookupError:
         raise ValueError(f"--pid {pid}: no such process") from None
+    threads = sampler.threads
     mask, source = process_mask_of(pid, [m for _, m in threads])
     environ, note = read_environ(pid)
     shared = (
@@ -198,7 +263,30 @@ def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[st
         "mask_from": source,
         "environment": note or "read",
         "shared_narrow": shared,
+        "openmp_collapse": collapse_of(pid, threads, mask)
+        if source.startswith("the launcher's view")
+        else None,
+        "cgroup": None,
+        "weight": None,
     }
+    try:
+        record = record_of(pid)
+    except (OSError, ValueError):
+        record = None
+    limited = (
+        next((n for n in record.notes if n.startswith("limit_pools")), None) if record else None
+    )
+    facts["limited"] = limited
+    facts["configured"] = (
+        [(p.name, p.threads) for p in record.pools if p.kind == "configured"] if record else []
+    )
+    found = census(pid, threads=threads, samples=samples, environ=environ or {})
+    facts["pools"] = [p.as_dict() for p in found.pools]
+    facts["spinning"] = [
+        {"tid": s.tid, "name": s.name, "cpus_list": format_cpulist(s.mask)}
+        for s in samples
+        if s.spinning
+    ]
     return facts, mask, environ
 
 
@@ -297,6 +385,36 @@ def _print_process(p: dict[str, object]) -> None:
             f"{sum(others.values())} of them not OpenMP's"
         )
         print(f"advice   {shared['advice']}")
+    collapse = p.get("openmp_collapse")
+    if isinstance(collapse, dict):
+        print(f"finding  {collapse['what']}")
+        print(f"         -> {collapse['remedy']}")
+    weight = p.get("weight")
+    if isinstance(weight, dict) and weight["value"] != weight["default"]:
+        print(
+            f"cgroup   CPU weight {weight['value']} (the default is {weight['default']}, "
+            f"{printable(str(weight['source']), 80)}): when its neighbours are busy it gets "
+            f"{weight['value'] / weight['default']:.2g}x a default cgroup's share"
+        )
+    pools = p.get("pools")
+    if isinstance(pools, list):
+        lines = pool_lines(pools, "         ")
+        if lines:
+            print(f"threads  its pools over a {SAMPLE_S:g} s sample:")
+            for line in lines:
+                print(line)
+    spinning = p.get("spinning")
+    if isinstance(spinning, list) and spinning:
+        named = ", ".join(f"{printable(str(t['name']), 16)} ({t['tid']})" for t in spinning[:4])
+        print(
+            f"finding  {len(spinning)} thread(s) spin: {named}; each holds a CPU while doing "
+            "nothing (busy in the kernel, never blocking), and a wake-latency hold buys nothing "
+            "on a CPU that never idles"
+        )
+        print(
+            "         -> make it block, or sleep between checks; in OpenMP, "
+            "OMP_WAIT_POLICY=passive (libgomp) or KMP_BLOCKTIME=0 (Intel's)"
+        )
 
 
 def _print_handoffs(diagnosis: Diagnosis) -> None:
@@ -343,7 +461,9 @@ def _print_text(r: _Report) -> None:
     else:
         verdict = "possible" if r.memory_ok else "not possible"
         print(f"memory   binding {verdict}: {r.memory_why}")
-    _print_pools(r.plan.usable_cpus, r.problems, r.advice)
+    _print_pools(
+        r.plan.usable_cpus, r.problems, r.advice, "its" if r.process is not None else "this"
+    )
     _print_irqs(r)
     for line in r.wake_left:
         print(f"warning  {line}")
@@ -392,10 +512,13 @@ def _nodes(host: Host) -> str:
     return f"{total} node(s) ({with_cpus} with CPUs)"
 
 
-def _print_pools(usable: int, problems: list[str], advice: dict[str, int]) -> None:
-    """The pools' verdict for a process started from this environment."""
+def _print_pools(
+    usable: int, problems: list[str], advice: dict[str, int], whose: str = "this"
+) -> None:
+    """The pools' verdict for a process started from this environment (or,
+    ``whose="its"``, from the environment --pid's process started with)."""
     if not problems:
-        print(f"pools    {usable} usable CPU(s); the pool variables of this environment fit")
+        print(f"pools    {usable} usable CPU(s); the pool variables of {whose} environment fit")
         return
     print(f"pools    {usable} usable CPU(s); {problems[0]}")
     for line in problems[1:]:

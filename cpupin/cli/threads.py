@@ -6,6 +6,7 @@ import argparse
 import os
 import time
 
+from cpupin._native import ThreadStat
 from cpupin.cli import _args
 from cpupin.cli._pools import memory_lines, pool_lines
 from cpupin.cpulist import format_cpulist
@@ -14,6 +15,7 @@ from cpupin.host.numa_memory import memory_summary
 from cpupin.measure.sampling import Sampler, ThreadSample, audit, process_mask_of
 from cpupin.pools.census import census, pool_name
 from cpupin.process.mask import process_cpus, thread_masks
+from cpupin.process.outside import openmp_collapse, read_environ
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,6 +96,7 @@ def run_threads(args: argparse.Namespace) -> int:
         if source.startswith("the launcher's view")
         else None
     )
+    collapse = collapse_of(pid, threads, mask)
     if args.json:
         _args.print_json(
             {
@@ -116,6 +119,7 @@ def run_threads(args: argparse.Namespace) -> int:
                 "pools": [p.as_dict() for p in pools.pools],
                 "memory": memory,
                 "shared_narrow": shared,
+                "openmp_collapse": collapse,
             }
         )
         return 0
@@ -150,7 +154,19 @@ def run_threads(args: argparse.Namespace) -> int:
         print(line)
     if shared:
         _print_shared(shared)
+    if collapse:
+        print(f"finding: {collapse['what']}")
+        print(f"  -> {collapse['remedy']}")
     return 0
+
+
+def collapse_of(
+    pid: int, threads: list[tuple[ThreadStat, frozenset[int]]], mask: frozenset[int]
+) -> dict[str, object] | None:
+    """:func:`~cpupin.process.outside.openmp_collapse` of a process, its
+    environment read (this one's own, or another's as it started)."""
+    env = dict(os.environ) if pid == os.getpid() else read_environ(pid)[0]
+    return openmp_collapse(pid, env, [(st.tid, m) for st, m in threads], mask)
 
 
 def _sampled(got: ThreadSample | None, sampled: bool) -> dict[str, object]:
@@ -203,9 +219,9 @@ def shared_narrow(
         )
     else:
         advice = (
-            "start helper threads on the process mask (cpupin.Thread), or bind only the pool: "
-            "OMP_PLACES with OMP_PROC_BIND binds the team, while GOMP_CPU_AFFINITY also binds "
-            "the initial thread, which every later thread inherits"
+            "start helper threads on the process mask (cpupin.Thread), or drop the binding: "
+            "libgomp binds the initial thread to the first place as it loads (GOMP_CPU_AFFINITY, "
+            "OMP_PLACES and OMP_PROC_BIND alike), and every later thread inherits it"
         )
     return {
         "cpus": sorted(cpus),
@@ -248,8 +264,14 @@ def run_audit(args: argparse.Namespace) -> int:
         if report.registered
         else [(tid, name, cpus) for cpus, members in narrow.items() for tid, name in members]
     )
+    collapse = None
+    if report.process_mask_from.startswith("the launcher's view"):
+        try:
+            collapse = collapse_of(args.pid, thread_masks(args.pid), report.process_mask)
+        except ProcessLookupError:
+            collapse = None
     if args.json:
-        _args.print_json(report.as_dict())
+        _args.print_json({**report.as_dict(), "openmp_collapse": collapse})
     else:
         mask = report.process_mask
         print(
@@ -287,14 +309,17 @@ def run_audit(args: argparse.Namespace) -> int:
                 "runtime, NCCL, a framework): cpupin.guard_pins() in the process names the "
                 "likely cause and pins it back"
             )
-        if failing:
+        if collapse:
+            print(f"  finding: {collapse['what']}")
+            print(f"  -> {collapse['remedy']}")
+        if failing and not collapse:
             print(
                 "  -> a narrower thread not registered either inherited a pin (start it from "
                 "an unpinned thread: cpupin.Thread, cpupin.ThreadPool, cpupin.Queue) or was "
                 "pinned on purpose without cpupin (pin it with cpupin.pin_current_thread, "
                 "which registers it)"
             )
-    return FINDING if failing and args.fail_on_narrow else 0
+    return FINDING if (failing or collapse) and args.fail_on_narrow else 0
 
 
 def _count(n: int, noun: str) -> str:

@@ -17,7 +17,7 @@ from cpupin.cpulist import parse_cpulist
 from cpupin.errors import excerpt
 from cpupin.host._sysfs import Reader
 
-__all__ = ["Quota", "parse_cpu_max", "read_cgroup", "read_cgroup_cpuset"]
+__all__ = ["Quota", "Weight", "parse_cpu_max", "read_cgroup", "read_cgroup_cpuset", "read_weight"]
 
 
 @dataclass(frozen=True)
@@ -224,6 +224,50 @@ def read_cgroup(r: Reader, proc: str = "self") -> tuple[frozenset[int] | None, Q
         chain = _chain(r, unified_mount, unified_path or "/")
         cpuset = _cpuset(r, chain, ("cpuset.cpus.effective",))
     return cpuset, Quota(*quota) if quota else None
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A cgroup's CPU weight against its siblings: the share of contended
+    CPU time it gets (not a limit: an uncontended cgroup takes any idle CPU)."""
+
+    value: int
+    default: int
+    """The kernel's default: ``cpu.weight`` 100 (v2), ``cpu.shares`` 1024 (v1)."""
+    source: str
+    """The file it came from, under the root."""
+
+    @property
+    def relative(self) -> float:
+        """The weight against the default: 0.5 gets half a default sibling's share."""
+        return self.value / self.default
+
+
+def read_weight(r: Reader, proc: str = "self") -> Weight | None:
+    """The lowest CPU weight, against the default, of ``proc``'s cgroup and
+    its ancestors (``cpu.weight`` in v2, ``cpu.shares`` in v1): the one that
+    limits it most when its siblings are busy. ``None`` where no weight is
+    readable (the root cgroup has none)."""
+    unified_mount, v1_mounts = _mounts(r)
+    unified_path, v1_paths = _membership(r, proc)
+    if "cpu" in v1_mounts:
+        chain = _chain(r, v1_mounts["cpu"], v1_paths.get("cpu", "/"))
+        name, lo, hi, default = "cpu.shares", 2, 262144, 1024
+    elif unified_mount is not None:
+        chain = _chain(r, unified_mount, unified_path or "/")
+        name, lo, hi, default = "cpu.weight", 1, 10000, 100
+    else:
+        return None
+    best: Weight | None = None
+    for folder in chain:
+        rel = f"{folder}/{name}"
+        text = r.text(rel)
+        if text is None:
+            continue
+        value = r.number(rel, text, lo, hi)
+        if value is not None and (best is None or value < best.value):
+            best = Weight(value, default, rel)
+    return best
 
 
 def read_cgroup_cpuset(root: str = "/") -> frozenset[int] | None:

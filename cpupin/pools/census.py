@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from cpupin._native import ThreadStat
 from cpupin.cpulist import format_cpulist
@@ -29,14 +29,26 @@ from cpupin.host._sysfs import Reader
 from cpupin.plan.cpuplan import CpuPlan
 from cpupin.pools.limits import cpu_plan
 from cpupin.process.mask import own_pins, process_cpus, thread_masks
-from cpupin.process.outside import process_mask_of, read_environ, record_of
+from cpupin.process.outside import binding_in, process_mask_of, read_environ, record_of
 from cpupin.process.stacks import LibraryPool, library_pool, thread_libraries
 from cpupin.registry._pool_names import ONE_EACH, configured_pools, pool_name, recorded_pools
 from cpupin.registry._torch_thread import note_pool_thread
 
 if TYPE_CHECKING:
-    from cpupin.measure.sampling import ThreadSample
     from cpupin.registry._fields import RecordedPool
+
+
+class ThreadSample(Protocol):
+    """A thread over a sample, as the census reads it
+    (:class:`cpupin.measure.sampling.ThreadSample` is one)."""
+
+    @property
+    def tid(self) -> int: ...
+    @property
+    def spinning(self) -> bool: ...
+    @property
+    def runnable_ms_per_s(self) -> float: ...
+
 
 __all__ = [
     "FITS",
@@ -108,6 +120,10 @@ class Pool:
     setting: str | None = None
     """The variable's value in the process's environment as it started
     (``unset`` when absent; ``None`` when not read)."""
+    stray_cause: str | None = None
+    """What narrowed the stray threads where it is known: the OpenMP binding
+    variable (``OMP_PROC_BIND=TRUE``) that bound the main thread as OpenMP
+    loaded, whose CPUs every later thread inherited."""
 
     @property
     def remedy(self) -> str:
@@ -131,6 +147,7 @@ class Pool:
             "library": self.library,
             "variable": self.variable,
             "setting": self.setting,
+            "stray_cause": self.stray_cause,
             "remedy": self.remedy or None,
         }
 
@@ -164,13 +181,25 @@ def remedy(pool: Pool) -> str:
     else:
         size = f"{usable} thread(s), from cpupin.usable_cpus() rather than os.cpu_count()"
     parts = []
+    if pool.name.endswith(NOT_LIMITED) and pool.verdict != FITS:
+        return (
+            f"OpenMP keeps limit_pools()'s limit per thread (limited in {len(pool.tids)} "
+            f"thread(s)): any other thread that runs OpenMP starts a team of {pool.threads}; "
+            "start such threads as cpupin.Thread, or call cpupin.apply_thread_limits() "
+            "first in them"
+        )
     if pool.verdict == OVERSUBSCRIBED:
         parts.append(f"run at most {usable} of its threads at once: {size}")
     elif pool.verdict == FROM_HOST:
         parts.append(f"size it from the {usable} usable CPU(s), not the host's count: {size}")
     if pool.spinning:
         parts.append(f"{pool.spinning} thread(s) spin, each holding a CPU: {_spin_knob(pool)}")
-    if pool.stray:
+    if pool.stray and pool.stray_cause:
+        parts.append(
+            f"{pool.stray} thread(s) inherited the CPUs {pool.stray_cause} bound the main "
+            "thread to: unset it, or set OMP_PROC_BIND=false"
+        )
+    elif pool.stray:
         parts.append(
             f"{pool.stray} thread(s) inherited a pin: start them from an unpinned thread "
             "(cpupin.Thread, cpupin.ThreadPool and cpupin.Queue do)"
@@ -319,12 +348,21 @@ def census(
     usable = plan.usable_cpus
     sizes = host_sizes(*_host_shape(root))
     libraries = _libraries(target, threads, view)
+    main = next((m for st, m in threads if st.tid == target), None)
+    cause = binding_in(dict(env or {})) if main is not None and main < view.mask else ""
     waits = _unnamed_waits(root, target, threads, view, own, libraries)
     groups = _group(target, threads, view, waits, libraries)
     sampled = None if samples is None else {s.tid: s for s in samples}
     spinners = frozenset(t for t, s in (sampled or {}).items() if s.spinning)
     pools = [
-        _judge(name, guess, members, _Sizing(usable, sizes, sampled, spinners), libraries, env)
+        _judge(
+            name,
+            guess,
+            members,
+            _Sizing(usable, sizes, sampled, spinners, cause or None),
+            libraries,
+            env,
+        )
         for (name, guess), members in groups.items()
     ]
     if own:
@@ -466,6 +504,7 @@ class _Sizing(NamedTuple):
     sizes: frozenset[int]
     sampled: Mapping[int, ThreadSample] | None
     spinners: frozenset[int]
+    stray_cause: str | None = None
 
 
 def _judge(
@@ -518,6 +557,7 @@ def _judge(
         library,
         variable,
         setting,
+        sizing.stray_cause if strays else None,
     )
 
 
@@ -550,12 +590,31 @@ def _wchans(root: str, pid: int, tids: Iterable[int]) -> dict[int, str | None]:
     return out
 
 
+#: The suffix of a configured pool that counts the OpenMP team of threads
+#: limit_pools() did not limit (OpenMP keeps the limit per thread).
+NOT_LIMITED = " in threads not limited"
+
+
 def _configured(usable: int, sizes: frozenset[int]) -> list[Pool]:
     scan = "threadpoolctl" in sys.modules or _any_pool_library()
-    return [
+    out = [
         Pool(name, n, usable, verdict(n, usable, sizes), "configured", tids)
         for name, n, tids in configured_pools(scan=scan)
     ]
+    limits = sys.modules.get("cpupin.pools.limits")
+    for limit, tids in limits.thread_limits() if limits is not None else ():
+        if limit.default > limit.size:
+            out.append(
+                Pool(
+                    f"{limit.label}{NOT_LIMITED}",
+                    limit.default,
+                    usable,
+                    verdict(limit.default, usable, sizes),
+                    "configured",
+                    tuple(sorted(tids)),
+                )
+            )
+    return out
 
 
 def _any_pool_library() -> bool:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from cpupin.errors import excerpt
 from cpupin.host._sysfs import Reader
@@ -27,10 +29,13 @@ __all__ = [
     "ENV_POOL_VARS",
     "POOL_VARS",
     "PoolLimits",
+    "ThreadLimit",
+    "apply_thread_limits",
     "cpu_plan",
     "environment_advice",
     "limit_pools",
     "pool_env",
+    "thread_limits",
     "usable_cpus",
 ]
 
@@ -289,6 +294,14 @@ def limit_pools(
     - the pool variables of ``environ`` (default ``os.environ``): libraries
       loaded later, and children, size themselves from them.
 
+    OpenMP keeps its limit per thread: torch's intra-op pool and each
+    OpenMP runtime are limited in the calling thread, and in every
+    :class:`cpupin.Thread` and :class:`cpupin.ThreadPool` worker started
+    after; a plain ``threading.Thread`` that runs OpenMP (a torch operation)
+    runs the default team, one thread a CPU of the mask, unless it calls
+    :func:`apply_thread_limits` first (measured on torch's libgomp: a second
+    thread's matmul started a team of 2 after ``torch.set_num_threads(1)``).
+
     Sizes follow ``plan``'s shares (default: :func:`cpu_plan`). Nothing is
     ever raised: a pool already smaller, and any variable the user set, are
     kept, and the result says why. The order does not matter: a
@@ -319,14 +332,68 @@ def limit_pools(
     return limits
 
 
+class ThreadLimit(NamedTuple):
+    """An OpenMP limit :func:`limit_pools` set, which OpenMP keeps per thread."""
+
+    label: str
+    size: int
+    default: int
+    """The team a thread that was not limited runs: the pool's size before
+    :func:`limit_pools` lowered it, read on a thread that had not changed it."""
+    apply: Callable[[int], object]
+
+
+#: The OpenMP limits limit_pools() set: OpenMP keeps them per thread (a
+#: thread's own ``nthreads-var``), so each applies in the thread that called
+#: it, and in every cpupin.Thread started after (:func:`apply_thread_limits`).
+_thread_limits: dict[str, ThreadLimit] = {}
+#: The threads (native ids) the limits were applied in.
+_limited_tids: set[int] = set()
+
+
+def thread_limits() -> list[tuple[ThreadLimit, frozenset[int]]]:
+    """Each OpenMP limit :func:`limit_pools` set, with the live threads it
+    applies in (the others run the default team)."""
+    alive = {t.native_id for t in threading.enumerate()}
+    _limited_tids.intersection_update(alive)
+    return [(limit, frozenset(_limited_tids)) for limit in _thread_limits.values()]
+
+
+def apply_thread_limits() -> None:
+    """Apply in the calling thread the OpenMP limits :func:`limit_pools`
+    set in another: OpenMP keeps a limit per thread, and a thread that was
+    not limited runs the default team, as many threads as the mask has
+    CPUs. :class:`cpupin.Thread` and :class:`cpupin.ThreadPool` workers do
+    this as they start; a plain ``threading.Thread`` that runs OpenMP (torch
+    operations) calls it first. Nothing when no limit was set; never raises."""
+    if not _thread_limits:
+        return
+    for limit in list(_thread_limits.values()):
+        try:
+            limit.apply(limit.size)
+        except Exception:  # noqa: BLE001 - a library that refuses keeps its default
+            continue
+    _limited_tids.add(threading.get_native_id())
+
+
 def _lower(
-    limits: PoolLimits, label: str, now: int, size: int, apply: Callable[[int], object]
+    limits: PoolLimits,
+    label: str,
+    now: int,
+    size: int,
+    apply: Callable[[int], object],
+    per_thread: bool = False,
 ) -> None:
     """Lower a pool of ``now`` threads to ``size`` with ``apply``, never
-    raise one, and say which."""
+    raise one, and say which. ``per_thread``: an OpenMP limit, kept for
+    :func:`apply_thread_limits`."""
     if now > size:
         apply(size)
         limits.set[label] = size
+        if per_thread:
+            was = _thread_limits.get(label)
+            _thread_limits[label] = ThreadLimit(label, size, was.default if was else now, apply)
+            _limited_tids.add(threading.get_native_id())
     else:
         limits.kept[label] = f"already {_threads(now)}, not raised"
 
@@ -340,7 +407,14 @@ def _limit_torch(env: Mapping[str, str], size: int, limits: PoolLimits) -> None:
             f"OMP_NUM_THREADS set by the user: {_threads(torch.get_num_threads())} kept"
         )
     else:
-        _lower(limits, "torch intra-op", torch.get_num_threads(), size, torch.set_num_threads)
+        _lower(
+            limits,
+            "torch intra-op",
+            torch.get_num_threads(),
+            size,
+            torch.set_num_threads,
+            per_thread=True,
+        )
     try:
         _lower(
             limits,
@@ -368,7 +442,14 @@ def _limit_libraries(env: Mapping[str, str], size: int, limits: PoolLimits) -> N
         if var and _user_value(env, var) is not None:
             limits.kept[label] = f"{var} set by the user: {_threads(lib.num_threads)} kept"
         else:
-            _lower(limits, label, lib.num_threads, size, lib.set_num_threads)
+            _lower(
+                limits,
+                label,
+                lib.num_threads,
+                size,
+                lib.set_num_threads,
+                per_thread=lib.internal_api == "openmp",
+            )
 
 
 #: What C's ``isspace`` takes for space in the "C" locale.

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BINDING_VARS",
     "binding_in",
+    "openmp_collapse",
     "environ_of",
     "parse_environ",
     "process_mask_of",
@@ -99,6 +100,62 @@ def binding_in(env: dict[str, str] | None) -> str:
         if value and not (name == "OMP_PROC_BIND" and value.lower() == "false"):
             return f"{name}={excerpt(value, 24)}"
     return ""
+
+
+def _place_of(cpus: frozenset[int]) -> str:
+    """One OpenMP place holding ``cpus``, in libgomp's interval syntax
+    (``{0:4,8:4}``: CPUs 0-3 and 8-11)."""
+    runs: list[str] = []
+    ordered = sorted(cpus)
+    start = prev = ordered[0] if ordered else 0
+    for cpu in ordered[1:] + [-2]:
+        if cpu != prev + 1:
+            runs.append(str(start) if prev == start else f"{start}:{prev - start + 1}")
+            start = cpu
+        prev = cpu
+    return "{" + ",".join(runs) + "}"
+
+
+def openmp_collapse(
+    pid: int,
+    env: dict[str, str] | None,
+    threads: list[tuple[int, frozenset[int]]],
+    mask: frozenset[int],
+) -> dict[str, object] | None:
+    """The finding when an OpenMP binding variable collapsed a process: its
+    main thread bound to a few CPUs of its mask (libgomp binds the initial
+    thread to the first place as it loads, for ``OMP_PROC_BIND`` other than
+    ``false``, ``OMP_PLACES`` or ``GOMP_CPU_AFFINITY`` alike), every thread
+    started after it (``threads``: tid and mask) inheriting them while the
+    rest of the mask runs none. ``None`` when the main thread has the whole
+    mask, or no binding variable explains it. Pure."""
+    binding = binding_in(env)
+    main = next((m for tid, m in threads if tid == pid), None)
+    if not binding or main is None or not main < mask:
+        return None
+    crowded = sum(1 for _, m in threads if m <= main)
+    idle = mask - frozenset().union(*(m for _, m in threads))
+    name = binding.partition("=")[0]
+    unset = " and ".join(v for v in BINDING_VARS if (env or {}).get(v) and v != "KMP_AFFINITY")
+    remedy = (
+        f"unset {unset or name} (or set OMP_PROC_BIND=false): it binds the main thread as "
+        f"OpenMP loads, and every thread started after it inherits that; to keep OpenMP on "
+        f"these CPUs, give it one place of them all: OMP_PLACES='{_place_of(mask)}'"
+    )
+    if name == "KMP_AFFINITY":
+        remedy = "unset KMP_AFFINITY (or KMP_AFFINITY=disabled): " + remedy.partition(": ")[2]
+    return {
+        "binding": binding,
+        "cpus_list": format_cpulist(main),
+        "threads": crowded,
+        "idle_cpus_list": format_cpulist(idle),
+        "what": (
+            f"{binding} bound the main thread to CPU {format_cpulist(main)} of the mask "
+            f"{format_cpulist(mask)}, and {crowded} thread(s) share it"
+            + (f" while CPU {format_cpulist(idle)} runs none" if idle else "")
+        ),
+        "remedy": remedy,
+    }
 
 
 def _launcher_view(pid: int, threads: frozenset[int]) -> frozenset[int] | None:

@@ -139,6 +139,7 @@ class Thread(threading.Thread):
                 _enter(self._kernel_name)
             elif self._kernel_name is not None:
                 _set_name(self._kernel_name)
+            _apply_limits()
         except Exception:  # noqa: BLE001 - never keep start() waiting for a thread that died
             pass
         super()._bootstrap_inner()  # type: ignore[misc]
@@ -162,6 +163,7 @@ class Thread(threading.Thread):
             try:
                 if get_ident() == self.ident:  # not a direct run() from another thread
                     _enter(_kernel_name_of(self.name))
+                    _apply_limits()
                 run()
             finally:
                 restore()
@@ -190,6 +192,15 @@ def _kernel_name_of(name: str) -> bytes | None:
     return _native.thread_name_bytes(name) if _NAME_THREADS else None
 
 
+def _apply_limits() -> None:
+    """The OpenMP limits :func:`cpupin.limit_pools` set, applied in this new
+    thread: OpenMP keeps them per thread. Nothing unless ``limit_pools``
+    ran (its module is loaded only then, so ``import cpupin`` stays small)."""
+    limits = sys.modules.get("cpupin.pools.limits")
+    if limits is not None and limits._thread_limits:
+        limits.apply_thread_limits()
+
+
 def _enter(kernel_name: bytes | None) -> None:
     """A new thread's first step: onto the process mask and named, in one
     native call; the slow way when the kernel refuses the mask."""
@@ -213,6 +224,7 @@ class _Initializer:
 
     def __call__(self, *args: object) -> None:
         _enter(_kernel_name_of(threading.current_thread().name))
+        _apply_limits()
         registry.threads_changed()
         if self.user is not None:
             self.user(*args)

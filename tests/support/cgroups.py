@@ -29,10 +29,12 @@ def _cpu_mount():
 
 
 @contextmanager
-def quota_cgroup(quota_us, period_us=100_000):
-    """A fresh cgroup (v1's cpu controller, else v2's) with a CPU quota;
-    yields (its folder, its cpu.stat reader). Processes put in it are
-    moved back to the root cgroup and the folder removed after."""
+def quota_cgroup(quota_us, period_us=100_000, weight=None):
+    """A fresh cgroup (v1's cpu controller, else v2's) with a CPU quota
+    (``None``: none) and a CPU weight (v2's units, 1-10000; v1 gets the
+    same share in cpu.shares); yields (its folder, its cpu.stat reader).
+    Processes put in it are moved back to the root cgroup and the folder
+    removed after."""
     if os.geteuid() != 0:
         pytest.skip("a cgroup with a quota needs root")
     kind, mount = _cpu_mount()
@@ -45,9 +47,15 @@ def quota_cgroup(quota_us, period_us=100_000):
     try:
         if kind == "v1":
             Path(path, "cpu.cfs_period_us").write_text(str(period_us))
-            Path(path, "cpu.cfs_quota_us").write_text(str(quota_us))
+            if quota_us is not None:
+                Path(path, "cpu.cfs_quota_us").write_text(str(quota_us))
+            if weight is not None:
+                Path(path, "cpu.shares").write_text(str(weight * 1024 // 100))
         else:
-            Path(path, "cpu.max").write_text(f"{quota_us} {period_us}")
+            if quota_us is not None:
+                Path(path, "cpu.max").write_text(f"{quota_us} {period_us}")
+            if weight is not None:
+                Path(path, "cpu.weight").write_text(str(weight))
 
         def throttled_ns():
             stat = parse_cpu_stat(Path(path, "cpu.stat").read_text())
