@@ -16,7 +16,14 @@ from cpupin.errors import PlanError, printable
 from cpupin.host.irqs import MAX_LISTED, IrqOnPin, irqbalance_advice, read_irqs
 from cpupin.host.launcher import CpuOrigin, explain_cpus
 from cpupin.host.topology import Host, read_host
-from cpupin.measure.doctor import Diagnosis, diagnose, measure_hold, measure_host
+from cpupin.measure.doctor import (
+    Diagnosis,
+    diagnose,
+    load_text,
+    measure_hold,
+    measure_host,
+    read_load,
+)
 from cpupin.plan.cpuplan import CpuPlan
 from cpupin.pools.limits import cpu_plan, environment_advice
 from cpupin.process.mask import process_cpus
@@ -158,12 +165,25 @@ def _measured_diagnosis(args: argparse.Namespace, host: Host, here: bool) -> Dia
     unmeasured = ""
     measured_on = "nowhere"
     noise: list[str] = []
+    spread: dict[str, tuple[float, float]] = {}
+    load = None
     if here or args.measure_here:
         local = host if here else read_host("/")
-        handoffs = measure_host(local, process_cpus() & local.cpus, noise=noise)
-        unmeasured = measure_hold(handoffs)
+        before = read_load()
+        handoffs = measure_host(local, process_cpus() & local.cpus, noise=noise, spread=spread)
+        unmeasured = measure_hold(handoffs, spread=spread)
+        load = _busier(before, read_load())
         measured_on = "this machine" if here else f"this machine, not {args.host or args.root}"
-    return diagnose(host, handoffs, measured_on, noise, unmeasured)
+    return diagnose(host, handoffs, measured_on, noise, unmeasured, spread, load)
+
+
+def _busier(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float] | None:
+    """The busier of two load readings, taken before and after measuring."""
+    if before is None or after is None:
+        return before or after
+    return max(before, after, key=lambda d: (d["running"], d["load1"]))
 
 
 def _irqs_on(
@@ -421,12 +441,18 @@ def _print_handoffs(diagnosis: Diagnosis) -> None:
     if not diagnosis.handoff:
         print("handoff  not measured (a shipped host); --measure-here uses this machine's")
         return
-    print(f"handoff  one way, median (p99), measured on {diagnosis.measured_on}:")
+    print(
+        f"handoff  one way, median (p99) of the quietest run, and the spread of the medians "
+        f"across runs, measured on {diagnosis.measured_on}"
+        + (f" ({load_text(diagnosis.load)})" if diagnosis.load else "")
+        + ":"
+    )
     for kind, h in diagnosis.handoff.items():
         cost = h.wake_median_ns if h.wake_median_ns and h.idle_us else h.median_ns
+        lo, hi = diagnosis.spread.get(kind, (cost, cost))
         print(
             f"  {kind:18} CPUs {h.cpus[0]},{h.cpus[1]}: {cost / 1000:8.1f} µs "
-            f"({h.p99_ns / 1000:.1f} µs)"
+            f"({h.p99_ns / 1000:.1f} µs); runs {lo / 1000:.1f} to {hi / 1000:.1f} µs"
         )
 
 
@@ -475,6 +501,7 @@ def _print_text(r: _Report) -> None:
     action = {
         "auto": "turn step_thread_core auto on",
         "hold": "keep step_thread_core off; hold the step CPUs' wake latency",
+        "unknown": "none: host too busy to judge, rerun on a quiet host",
     }.get(diagnosis.verdict, "keep step_thread_core off")
     print(f"verdict  {diagnosis.verdict}: {action}")
     print(f"why      {diagnosis.why}")

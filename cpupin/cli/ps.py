@@ -24,9 +24,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "ps",
         help="every server's pins on this host, and whether its pinned threads wait",
         description="Every server's pins on this host, and whether its pinned threads wait. "
-        "Only processes with a record in the lock directory are listed (those that pinned "
-        "through cpupin, or that a plugin describes); use cpupin threads PID or cpupin audit "
-        "PID for any other.",
+        "Processes with a record in the lock directory are listed (those that pinned "
+        "through cpupin, or that a plugin describes); --all adds every other process that "
+        "shows a finding, and cpupin threads PID or cpupin audit PID tells more of any.",
     )
     ps.add_argument(
         "--interval", type=_args.seconds(0.01, 60), default=1.0, help="seconds a sample (1)"
@@ -44,6 +44,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "could remove its own), and, as root, put back what dead processes left applied (a "
         "CPU's wake latency, the IRQs of an apply killed half way); lock files are never "
         "removed",
+    )
+    ps.add_argument(
+        "--all",
+        action="store_true",
+        help="also list every other process of the host that shows a finding (a narrowed "
+        "mask, a CPU quota, a spinning thread, a pool that does not fit, a GPU device open), "
+        "marked 'no record': sampled over the same interval",
     )
     out = ps.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
@@ -68,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
     if args.prometheus:
         return _prometheus(registry)
     data = host_view(registry, args.interval)
+    data["unrecorded"] = None
+    if args.all:
+        from cpupin.measure.unrecorded import unrecorded
+
+        known = [r.pid for r in registry.records if r.kind == "process" and r.live]
+        data["unrecorded"] = unrecorded(known, args.interval)
     if args.json:
         _args.print_json(data)
         return 0
@@ -112,6 +125,8 @@ def _text(data: dict[str, object]) -> None:
         for line in [*_about_lines(p), *_thread_lines(p)]:
             print(prefix + line)
         _print_pools(p, prefix)
+    for line in _unrecorded_lines(data):
+        print(line)
     for line in _still_applied_lines(data):
         print(line)
     for line in _left_out_lines(data, [*servers, *processes]):
@@ -209,6 +224,22 @@ def _print_pools(p: dict[str, Any], prefix: str) -> None:
         print(line)
     for line in memory_lines(p["memory"]) if p.get("memory") else []:
         print(prefix + line)
+
+
+def _unrecorded_lines(data: dict[str, object]) -> list[str]:
+    """The processes without a record that show a finding (``--all``)."""
+    found = data.get("unrecorded")
+    if not isinstance(found, list):
+        return []
+    if not found:
+        return ["NO RECORD: no other process of this host shows a finding"]
+    out = [f"NO RECORD: {len(found)} other process(es) show a finding"]
+    for p in found:
+        out.append(f"{'':8} {p['pid']:>8}  {printable(str(p['command']), 60)}")
+        for finding in p["findings"]:
+            out.append(f"{'':18}{printable(str(finding), 160)}")
+        out.append(f"{'':18}no record: cpupin threads {p['pid']} for details")
+    return out
 
 
 def _still_applied_lines(data: dict[str, object]) -> list[str]:

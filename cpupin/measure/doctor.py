@@ -23,7 +23,9 @@ __all__ = [
     "Diagnosis",
     "diagnose",
     "measure_hold",
+    "load_text",
     "measure_host",
+    "read_load",
 ]
 
 #: Pinning pays when a handoff to an idle core costs this much more than one
@@ -50,7 +52,9 @@ class Diagnosis:
 
     verdict: str
     """``"auto"`` (turn pinning on), ``"hold"`` (keep pinning off, hold the
-    step CPUs' wake latency instead) or ``"off"`` (neither)."""
+    step CPUs' wake latency instead), ``"off"`` (neither) or ``"unknown"``
+    (the host was too busy to judge: the spread across the measurement's
+    runs could turn the verdict either way)."""
     why: str
     deepest_idle_state: IdleState | None
     handoff: dict[str, HandoffResult] = field(default_factory=dict)
@@ -60,6 +64,12 @@ class Diagnosis:
     hold: str = ""
     """What holding the wake latency does to the idle handoff (the ``held``
     measurement), or why it was not measured; empty for a shipped host."""
+    spread: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Each measured kind's lowest and highest median (its wake median for
+    an idle handoff) across its runs, in ns."""
+    load: dict[str, float] | None = None
+    """The host's load while it measured (:func:`read_load`); ``None`` for
+    a shipped host."""
 
     def as_dict(self) -> dict[str, object]:
         deepest = self.deepest_idle_state
@@ -83,6 +93,8 @@ class Diagnosis:
             "measured_on": self.measured_on,
             "notes": list(self.notes),
             "hold": self.hold or None,
+            "spread_ns": {k: [round(lo), round(hi)] for k, (lo, hi) in self.spread.items()},
+            "load": self.load,
         }
 
 
@@ -101,13 +113,15 @@ def measure_host(
     *,
     repeats: int = REPEATS,
     noise: list[str] | None = None,
+    spread: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, HandoffResult]:
     """Handoffs to a running core (back to back) and to an idle one (after
     :data:`IDLE_WAIT_US`), for each kind of pair the mask allows, each
     measured ``repeats`` times, interleaved; the quietest of each is kept.
     Where its repeats disagree by more than :data:`NOISY` times, a line
     goes to ``noise`` (the first measurement right after an install, or on a
-    busy host, can be ten times the next)."""
+    busy host, can be ten times the next); ``spread`` receives each kind's
+    lowest and highest median across its runs."""
     runs: dict[str, list[HandoffResult]] = {}
     kinds = [(k, c) for k, c in pair_kinds(host, mask).items() if k != "unpinned"]
     for _ in range(max(1, repeats)):
@@ -122,6 +136,8 @@ def measure_host(
     for name, results in runs.items():
         out[name] = min(results, key=lambda r: _idle_cost(r))
         costs = sorted(_idle_cost(r) for r in results)
+        if spread is not None:
+            spread[name] = (costs[0], costs[-1])
         if noise is not None and costs[0] > 0 and costs[-1] > NOISY * costs[0]:
             noise.append(
                 f"{name}: medians of {_us(costs[0])} to {_us(costs[-1])} over {len(costs)} "
@@ -144,6 +160,7 @@ def measure_hold(
     idle_rounds: int = 300,
     *,
     repeats: int = REPEATS,
+    spread: dict[str, tuple[float, float]] | None = None,
 ) -> str:
     """Measure the idle handoff again while every CPU's wake latency is held
     at 0 (``/dev/cpu_dma_latency``: the kernel drops it when the descriptor
@@ -167,7 +184,39 @@ def measure_hold(
     finally:
         hold.release()
     handoffs[kind.replace(" idle", " held")] = min(runs, key=_idle_cost)
+    if spread is not None:
+        costs = sorted(_idle_cost(r) for r in runs)
+        spread[kind.replace(" idle", " held")] = (costs[0], costs[-1])
     return ""
+
+
+def read_load(root: str = "/") -> dict[str, float] | None:
+    """The host's load now: the 1-minute load average and the tasks
+    running (``/proc/loadavg``, ``procs_running`` of ``/proc/stat``), against
+    its online CPUs; ``None`` where unreadable."""
+    from cpupin.host._sysfs import Reader
+
+    with Reader(root) as r:
+        avg = r.text("proc/loadavg", 256)
+        stat = r.text("proc/stat", 1 << 20, head=True)
+        online = r.cpus("sys/devices/system/cpu/online")
+    try:
+        load1 = float((avg or "").split()[0])
+    except (IndexError, ValueError):
+        return None
+    running = next(
+        (
+            int(line.split()[1])
+            for line in (stat or "").splitlines()
+            if line.startswith("procs_running ") and line.split()[1].isdigit()
+        ),
+        None,
+    )
+    return {
+        "load1": min(load1, 1e6),
+        "running": float(running) if running is not None else -1.0,
+        "cpus": float(len(online)) if online else -1.0,
+    }
 
 
 def _idle_kind(handoffs: dict[str, HandoffResult]) -> str | None:
@@ -201,17 +250,85 @@ def diagnose(
     measured_on: str = "this machine",
     noise: list[str] | None = None,
     hold_unmeasured: str = "",
+    spread: dict[str, tuple[float, float]] | None = None,
+    load: dict[str, float] | None = None,
 ) -> Diagnosis:
     """The verdict for ``host``: from ``handoffs`` when given, else from its
     idle states alone; ``noise`` (from :func:`measure_host`) joins the notes.
     A ``<kind> held`` handoff (:func:`measure_hold`) judges the hold:
     where pinning does not pay but the hold removes most of an idle wake's
     cost, the verdict is ``hold``; ``hold_unmeasured`` says why it is
-    missing. Pure."""
+    missing. ``spread`` (each kind's lowest and highest median across its
+    runs) tests the verdict: where the measurement's own spread could turn
+    it, no verdict is given (``unknown``: rerun on a quiet host); ``load``
+    is reported beside it. Pure."""
     diagnosis = _diagnose(host, handoffs, measured_on, noise)
     if not handoffs:
         return diagnosis
-    return _judge_hold(diagnosis, handoffs, hold_unmeasured)
+    diagnosis = _judge_hold(diagnosis, handoffs, hold_unmeasured)
+    diagnosis = replace(diagnosis, spread=dict(spread or {}), load=load)
+    return _within_noise(diagnosis, handoffs, spread or {}, load)
+
+
+def load_text(load: dict[str, float] | None) -> str:
+    if not load:
+        return "load unknown"
+    running = f", {load['running']:.0f} task(s) running" if load["running"] >= 0 else ""
+    cpus = f" on {load['cpus']:.0f} CPU(s)" if load["cpus"] > 0 else ""
+    return f"load {load['load1']:.2f}{running}{cpus}"
+
+
+def _within_noise(
+    d: Diagnosis,
+    handoffs: dict[str, HandoffResult],
+    spread: dict[str, tuple[float, float]],
+    load: dict[str, float] | None,
+) -> Diagnosis:
+    """``d``, or no verdict where the runs' spread could turn it: the wake
+    penalty at the runs' extremes falls on both sides of
+    :data:`IDLE_PENALTY_NS`, or the hold pays at one extreme and not the
+    other."""
+    kind = _idle_kind(handoffs)
+    busy_kind = kind.replace("idle", "busy") if kind else None
+    if kind is None or kind not in spread or busy_kind not in spread:
+        return d
+    idle_lo, idle_hi = spread[kind]
+    busy_lo, busy_hi = spread[busy_kind]
+    turns = (idle_lo - busy_hi >= IDLE_PENALTY_NS) != (idle_hi - busy_lo >= IDLE_PENALTY_NS)
+    what = (
+        f"the wake's cost over a running core ranged {_us(idle_lo - busy_hi)} to "
+        f"{_us(idle_hi - busy_lo)} across runs, either side of the {_us(IDLE_PENALTY_NS)} "
+        "that decides"
+    )
+    held = kind.replace(" idle", " held")
+    same = spread.get("same CPU busy")
+    if not turns and held in spread and same is not None:
+        held_lo, held_hi = spread[held]
+        low = _pays(idle_lo, held_hi, same[1])
+        high = _pays(idle_hi, held_lo, same[0])
+        if low != high:
+            turns = True
+            what = (
+                f"the hold saved {_us(max(idle_lo - held_hi, 0))} to {_us(idle_hi - held_lo)} "
+                "across runs, either side of what decides"
+            )
+    if not turns:
+        return d
+    return replace(
+        d,
+        verdict="unknown",
+        why=(
+            f"host too busy to judge: rerun on a quiet host ({what}; {load_text(load)} while "
+            f"it measured); the quietest runs alone said {d.verdict}: {d.why}"
+        ),
+    )
+
+
+def _pays(idle: float, held: float, same: float) -> bool:
+    """Whether holding the wake latency pays, as :func:`_judge_hold` rules."""
+    wake = idle - same
+    saved = idle - held
+    return wake > 0 and saved >= HOLD_SHARE * wake and saved >= HOLD_SAVING_NS
 
 
 def _judge_hold(d: Diagnosis, handoffs: dict[str, HandoffResult], unmeasured: str) -> Diagnosis:
@@ -223,8 +340,7 @@ def _judge_hold(d: Diagnosis, handoffs: dict[str, HandoffResult], unmeasured: st
     idle = _idle_cost(handoffs[kind])
     now = _idle_cost(held)
     wake = idle - same.median_ns
-    saved = idle - now
-    pays = wake > 0 and saved >= HOLD_SHARE * wake and saved >= HOLD_SAVING_NS
+    pays = _pays(idle, now, same.median_ns)
     how = (
         "CPUPIN_WAKE_LATENCY_US=0 with a plan that pins, cpupin exec --wake-latency 0, "
         "or cpupin.hold_wake_latency(step CPUs)"

@@ -192,7 +192,7 @@ def doctor_json(*args, capsys):
 def test_the_doctor_on_this_machine_follows_its_own_numbers(capsys):
     data = doctor_json(capsys=capsys)
     assert {"verdict", "why", "deepest_idle_state", "handoff_ns"} <= set(data)
-    assert data["verdict"] in ("auto", "off", "hold")
+    assert data["verdict"] in ("auto", "off", "hold", "unknown")
     host = read_host("/")
     deepest = host.deepest_idle_state()
     if deepest is None:  # a VM that lists no idle states: the doctor says so
@@ -204,6 +204,16 @@ def test_the_doctor_on_this_machine_follows_its_own_numbers(capsys):
         }
     handoffs = data["handoff_ns"]
     kind = next((k for k in ("other core", "same L3", "other L3") if f"{k} idle" in handoffs), None)
+    if data["verdict"] == "unknown":  # a busy host: the runs' spread could turn it
+        assert data["why"].startswith("host too busy to judge: rerun on a quiet host")
+        idle_kind = next(
+            k for k in data["spread_ns"] if k.endswith(" idle") and k != "same CPU idle"
+        )
+        busy_lo, busy_hi = data["spread_ns"][idle_kind.replace("idle", "busy")]
+        idle_lo, idle_hi = data["spread_ns"][idle_kind]
+        held = data["spread_ns"].get(idle_kind.replace("idle", "held"))
+        assert (idle_lo - busy_hi < IDLE_PENALTY_NS <= idle_hi - busy_lo) or held is not None
+        kind = None  # the quietest runs' figures no longer decide
     if kind is not None:
         idle = handoffs[f"{kind} idle"]
         penalty = (idle["wake_median_ns"] or idle["median_ns"]) - handoffs[f"{kind} busy"][
