@@ -121,9 +121,12 @@ DOCTOR_LINE = re.compile(
     r"^(cpupin doctor: this machine|host     \S.*|idle     \S.*|mask     \S.*|memory   \S.*|"
     r"cpus     \S.*|warning  \S.*|irqs     \S.*|  IRQ +\d+ \S.*|"
     r"pools    \d+ usable CPU\(s\); \S.*|         \S.*|"
-    r"handoff  one way, median \(p99\), measured on this machine:|"
-    r"  [a-zA-Z ]+ (busy|idle|held) +CPUs [\d,]+: +[\d.]+ µs \([\d.]+ µs\)|note     \S.*|"
-    r"hold     \S.*|verdict  (auto|off|hold): .*|why      \S.*)$"
+    r"handoff  one way, median \(p99\) of the quietest run, and the spread of the medians "
+    r"across runs, measured on this machine \(load [\d.]+, \d+ task\(s\) running on \d+ "
+    r"CPU\(s\)\):|"
+    r"  [a-zA-Z ]+ (busy|idle|held) +CPUs [\d,]+: +[\d.]+ µs \([\d.]+ µs\); "
+    r"runs [\d.]+ to [\d.]+ µs|note     \S.*|"
+    r"hold     \S.*|verdict  (auto|off|hold|unknown): .*|why      \S.*)$"
 )
 
 

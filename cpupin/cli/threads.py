@@ -23,9 +23,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "threads",
         help="list a process's threads with CPU time, run-queue wait and last CPU",
         description="List a process's threads with CPU time, run-queue wait and last CPU, "
-        "then its census: its threads grouped into pools by name, each judged against the "
-        "CPUs the process can keep busy (its mask under its cgroup's quota, less pinned "
-        "CPUs): fits, oversubscribed, or sized from the host, with what to do.",
+        "sampled over --interval (a thread that spins, busy in the kernel and never blocking, "
+        "is marked spinning), then its census: its threads grouped into pools by name, or by "
+        "the library they wait in (OpenMP, OpenBLAS, Rayon, ZMQ) with the variable that "
+        "sizes each, each judged against the CPUs the process can keep busy (its mask under "
+        "its cgroup's quota, less pinned CPUs) by what its threads wanted over the sample: "
+        "fits, idle, oversubscribed, or sized from the host, with what to do.",
     )
     threads.add_argument(
         "pid",

@@ -31,8 +31,9 @@ requires. ``prometheus_client`` is imported only when a collector is made.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from cpupin.cpulist import format_cpulist
 from cpupin.host._sysfs import Reader
@@ -383,13 +384,56 @@ def _pools(
     """The census's samples; returns the quota its plan read (for the
     throttling counters, so that the cgroup is read once a process)."""
     try:
-        found = census(target, threads=threads, pins={t: c for t, (_, c) in roles.items()})
+        found = census(
+            target,
+            threads=threads,
+            pins={t: c for t, (_, c) in roles.items()},
+            samples=_between_scrapes(target, threads),
+        )
     except (OSError, ValueError):
         return None  # exited meanwhile
     usable.add_metric([pid], found.usable_cpus)
     for p in found.pools:
         pool.add_metric([pid, p.name, p.kind, p.verdict], p.threads)
     return found.plan.quota
+
+
+class _Between(NamedTuple):
+    """A thread between two scrapes, as the census reads a sample."""
+
+    tid: int
+    runnable_ms_per_s: float
+    spinning: bool = False
+
+
+#: Each process's threads at the last scrape: when, and each tid's run and
+#: wait, so that the next scrape judges pools by what their threads wanted
+#: in between (as ``threads`` and ``ps`` do over their samples).
+_last_scrape: dict[int, tuple[int, dict[int, tuple[int, int]]]] = {}
+_MAX_REMEMBERED = 1024
+
+
+def _between_scrapes(target: int | None, threads: list[Any]) -> list[_Between] | None:
+    """Each thread's run and run-queue wait since the last scrape, in ms a
+    second; ``None`` at a process's first scrape (its pools are then judged
+    by count)."""
+    key = os.getpid() if target is None else target
+    now = time.monotonic_ns()
+    figures = {st.tid: (st.run_ns, st.wait_ns) for st, _ in threads}
+    last = _last_scrape.get(key)
+    if len(_last_scrape) >= _MAX_REMEMBERED and key not in _last_scrape:
+        _last_scrape.clear()  # processes come and go: forget them all, rarely
+    _last_scrape[key] = (now, figures)
+    if last is None or now <= last[0]:
+        return None
+    wall_ms = (now - last[0]) / 1e6
+    out = []
+    for tid, (run, wait) in figures.items():
+        before = last[1].get(tid)
+        if before is None or run < before[0] or wait < before[1]:
+            continue  # new since, or a reused tid
+        out.append(_Between(tid, (run - before[0] + wait - before[1]) / 1e6 / wall_ms * 1000))
+    return out
 
 
 def _throttling(quota: Quota | None, pid: str, throttled: Any, periods: Any) -> None:

@@ -721,7 +721,9 @@ def test_ps_counts_a_sleeping_pool_as_idle_not_oversubscribed(tmp_path):
         reaper = pools["reaper"]  # named by its record, as the process names it
         assert reaper["threads"] == 5 and reaper["idle"] == 5 and not reaper["guess"]
         if reaper["threads"] not in cpupin_host_sizes():
-            assert reaper["verdict"] == "fits", reaper
+            # idle, not oversubscribed: none of its threads wanted a CPU
+            assert reaper["verdict"] == "idle" and reaper["remedy"] is None, reaper
+            assert reaper["runnable_cpus"] == 0
     finally:
         child.communicate("")
 

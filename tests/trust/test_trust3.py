@@ -957,9 +957,9 @@ def test_plan_off_on_a_host_without_a_gpu_is_not_an_error(setting, capsys, tmp_p
     "command, words",
     [
         ([], ["examples:", "exit codes:", "cpupin exec --node 0 -- CMD"]),
-        (["threads"], ["census", "oversubscribed", "sized from the host"]),
+        (["threads"], ["census", "oversubscribed", "sized from the host", "idle", "spinning"]),
         (["top"], ["'quota'", "'contention'", "stalled"]),
-        (["ps"], ["Only processes with a record", "cpupin threads PID"]),
+        (["ps"], ["with a record in the lock directory", "--all", "cpupin threads PID"]),
         (["doctor"], ["reads the cgroup", "--pid", "three times"]),
         (["exec"], ["Name one target", "torchrun -- cpupin exec --node 0"]),
     ],
