@@ -204,20 +204,14 @@ SAMPLE_S = 0.5
 def _with_cgroup_of(host: Host, pid: int, process: dict[str, object]) -> Host:
     """The host as the process sees it: its own cgroup's cpuset, quota
     (the strictest of its cgroup and ancestors, v1 or v2) and path, not
-    this command's; its CPU weight goes into ``process``."""
+    this command's."""
     from cpupin.host._sysfs import Reader
-    from cpupin.host.cgroup import cgroup_path, read_cgroup, read_weight
+    from cpupin.host.cgroup import cgroup_path, read_cgroup
 
     with Reader("/") as r:
         cpuset, quota = read_cgroup(r, str(pid))
         path = cgroup_path(r, str(pid))
-        weight = read_weight(r, str(pid))
     process["cgroup"] = path
-    process["weight"] = (
-        None
-        if weight is None
-        else {"value": weight.value, "default": weight.default, "source": weight.source}
-    )
     return dataclasses.replace(host, cpuset=cpuset, quota=quota, cgroup=path)
 
 
@@ -257,6 +251,8 @@ def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[st
     when unreadable or overwritten by its title), its crowded CPUs, what its
     record says, and its pools and spinning threads over a short sample."""
     from cpupin.cli.threads import _title, collapse_of, shared_narrow
+    from cpupin.cli.top import usable_of, weight_of
+    from cpupin.measure.demand import demand_of
     from cpupin.measure.sampling import Sampler
     from cpupin.pools.census import census
     from cpupin.process.outside import process_mask_of, read_environ, record_of
@@ -288,6 +284,7 @@ def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[st
         else None,
         "cgroup": None,
         "weight": None,
+        "demand": None,
     }
     try:
         record = record_of(pid)
@@ -300,6 +297,19 @@ def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[st
     facts["configured"] = (
         [(p.name, p.threads) for p in record.pools if p.kind == "configured"] if record else []
     )
+    weight = weight_of(pid)
+    facts["weight"] = (
+        None
+        if weight is None
+        else {"value": weight.value, "default": weight.default, "source": weight.source}
+    )
+    facts["demand"] = demand_of(
+        samples,
+        throttled=bool(sampler.throttling and sampler.throttling.throttled_periods),
+        weight=weight,
+        usable_cpus=usable_of(pid),
+        step_tid=next((p.tid for p in (record.pins if record else ()) if p.role == "step"), None),
+    ).as_dict()
     found = census(pid, threads=threads, samples=samples, environ=environ or {})
     facts["pools"] = [p.as_dict() for p in found.pools]
     facts["spinning"] = [
@@ -416,6 +426,16 @@ def _print_process(p: dict[str, object]) -> None:
             f"{printable(str(weight['source']), 80)}): when its neighbours are busy it gets "
             f"{weight['value'] / weight['default']:.2g}x a default cgroup's share"
         )
+    demand = p.get("demand")
+    if isinstance(demand, dict):
+        print(
+            f"demand   its threads wanted {demand['wanted_cpus']:.2f} CPU(s) over a "
+            f"{SAMPLE_S:g} s sample: ran {demand['ran_cpus']:.2f}, waited "
+            f"{demand['waited_cpus']:.2f} in the run queue"
+            + (", throttled by its quota" if demand["throttled"] else "")
+        )
+        if demand["remedy"]:
+            print(f"finding  contention: {demand['remedy']}")
     pools = p.get("pools")
     if isinstance(pools, list):
         lines = pool_lines(pools, "         ")

@@ -15,10 +15,12 @@ from cpupin.cli import _args
 from cpupin.cli._pools import throttle_text
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
+from cpupin.measure.demand import Demand, demand_of
 from cpupin.measure.sampling import Sampler, ThreadSample
 from cpupin.threads.thread import Thread
 
 if TYPE_CHECKING:
+    from cpupin.host.cgroup import Weight
     from cpupin.registry.reader import Record
 
 
@@ -30,7 +32,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "and state (process mask, pinned, stray, interloper, narrower). A thread that waited "
         "10 ms/s or more is stalled: 'quota' when the cgroup's CPU quota throttled it in the "
         "sample (lower the threads, or raise the quota), else 'contention' (other threads "
-        "held its CPUs). Exits 2 when the process exits, after what it sampled.",
+        "held its CPUs: what its threads wanted, run + wait, is the CPU request that covers "
+        "it, beside its cgroup's weight). Threads that spin are marked spinning. Exits 2 "
+        "when the process exits, after what it sampled.",
     )
     top.add_argument(
         "pid", type=_args.pid_or_self, help="process id, or self for cpupin's own threads (a demo)"
@@ -59,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
     sampler = Sampler(args.pid)
     record = _record(args.pid or os.getpid())
     args.role = (record.role or None) if record else None
-    args.usable = _usable_of(args.pid)
+    args.usable = usable_of(args.pid)
     args.capped = _capped(args.pid, record)
+    args.weight = weight_of(args.pid)
+    args.step_tid = next((p.tid for p in (record.pins if record else ()) if p.role == "step"), None)
     counts = range(args.count) if args.count is not None else itertools.count()
     document: list[dict[str, object]] = []
     stopped: ProcessLookupError | None = None
@@ -95,8 +101,16 @@ def _samples(
         sampler.start()
         time.sleep(args.interval)
         samples = sampler.stop()
+        throttled = bool(sampler.throttling and sampler.throttling.throttled_periods)
+        demand = demand_of(
+            samples,
+            throttled=throttled,
+            weight=args.weight,
+            usable_cpus=args.usable,
+            step_tid=args.step_tid,
+        )
         remedies = stall_remedies(
-            {s.stall for s in samples if s.stall}, args.pid, args.usable, args.capped
+            {s.stall for s in samples if s.stall}, args.pid, args.usable, args.capped, demand
         )
         remedies += spin_remedies(samples)
         if args.json or args.json_lines:
@@ -106,6 +120,7 @@ def _samples(
                 "throttled_ms_per_s": throttling and throttling["throttled_ms_per_s"],
                 "throttling": throttling,
                 "threads": [s.as_dict() for s in samples],
+                "demand": demand.as_dict(),
                 "remedies": remedies,
             }
             if args.json:
@@ -157,12 +172,18 @@ def spin_remedies(samples: Iterable[ThreadSample]) -> list[str]:
 
 
 def stall_remedies(
-    stalls: set[str], pid: int | None, usable: int | None, capped: bool = False
+    stalls: set[str],
+    pid: int | None,
+    usable: int | None,
+    capped: bool = False,
+    demand: Demand | None = None,
 ) -> list[str]:
     """The one thing to do for each kind of stall seen, for the process
     sampled (its own usable CPUs, from its cgroup, not this command's).
     ``capped``: its pools are already capped (it runs under ``cpupin exec``
-    or called ``limit_pools()``), so capping them is not the advice."""
+    or called ``limit_pools()``), so capping them is not the advice.
+    ``demand``: what its threads wanted over the sample; where neighbours
+    held its CPUs, the request that covers it is the advice."""
     who = str(pid or os.getpid())
     out = []
     if "quota" in stalls:
@@ -178,7 +199,10 @@ def stall_remedies(
                 f"stalled by its cgroup's CPU quota: run {busy} in it (cpupin exec, or "
                 "cpupin.limit_pools() inside the process), or raise the quota"
             )
-    if "contention" in stalls:
+    remedy = demand.remedy() if demand is not None else None
+    if remedy is not None:
+        out.append(f"stalled by contention: {remedy}; cpupin threads {who} shows who waits")
+    elif "contention" in stalls:
         out.append(
             f"stalled by contention: other threads hold its CPUs; cpupin threads {who} shows "
             "who shares them, and a step thread pinned apart (CPUPIN_STEP_THREAD_CORE) keeps "
@@ -201,7 +225,19 @@ def _capped(pid: int | None, record: Record | None) -> bool:
     return record is not None and any(n.startswith("limit_pools") for n in record.notes)
 
 
-def _usable_of(pid: int | None) -> int | None:
+def weight_of(pid: int | None) -> Weight | None:
+    """The CPU weight of the process's cgroup (lowest along its chain)."""
+    from cpupin.host._sysfs import Reader
+    from cpupin.host.cgroup import read_weight
+
+    try:
+        with Reader("/") as r:
+            return read_weight(r, "self" if pid is None else str(pid))
+    except (OSError, ValueError):
+        return None
+
+
+def usable_of(pid: int | None) -> int | None:
     """The usable CPUs of the process sampled, from its own cgroup."""
     from cpupin.pools.limits import usable_cpus
 

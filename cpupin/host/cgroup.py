@@ -122,9 +122,15 @@ _MAX_PATH = 4096
 
 def cgroup_path(r: Reader, proc: str = "self") -> str | None:
     """The process's cgroup path: its v2 path, else its v1 cpuset or cpu
-    controller's; ``None`` when ``proc/<proc>/cgroup`` does not say."""
+    controller's, whichever is not the root (a process moved into a cgroup
+    of the cpu controller alone keeps the cpuset root); ``None`` when
+    ``proc/<proc>/cgroup`` does not say."""
     unified, v1 = _membership(r, proc)
-    path = unified if unified not in (None, "/") or not v1 else v1.get("cpuset") or v1.get("cpu")
+    if unified not in (None, "/") or not v1:
+        path = unified
+    else:
+        found = [v1.get("cpuset"), v1.get("cpu")]
+        path = next((p for p in found if p and p != "/"), found[0] or found[1])
     if path is None:
         return None
     path = "".join(c for c in path.strip() if c.isprintable())

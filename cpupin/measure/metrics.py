@@ -14,6 +14,10 @@ both counters (Prometheus computes the rates), labelled ``pid``, ``tid``,
 ``cpupin_process_threads`` and ``cpupin_stray_threads`` (threads on a mask
 that is neither the process mask nor a registered pin), ``cpupin_usable_cpus``
 (what its pools may use: :func:`cpupin.pools.limits.usable_cpus`),
+``cpupin_process_wanted_cpus`` (its threads' run + run-queue wait between
+the last two scrapes, in CPUs: the CPU request that covers it; absent at a
+process's first scrape), ``cpupin_cgroup_cpu_weight`` (labelled ``file``:
+``cpu.weight`` or ``cpu.shares``, the lowest along its cgroup chain),
 ``cpupin_pool_threads`` (labelled ``pool`` and ``verdict``: the census of
 :func:`cpupin.pools.census.census`), and the counters
 ``cpupin_cgroup_throttled_seconds_total`` and
@@ -92,6 +96,22 @@ _FAMILIES = (
         "cpupin_pool_threads",
         "Threads of a pool (threads of one name, or a library's configured pool)",
         ["pid", "pool", "kind", "verdict"],
+    ),
+    (
+        "wanted",
+        "gauge",
+        "cpupin_process_wanted_cpus",
+        "CPUs the process's threads wanted between the last two scrapes (run + run-queue "
+        "wait): the CPU request that would let each run when ready",
+        ["pid"],
+    ),
+    (
+        "weight",
+        "gauge",
+        "cpupin_cgroup_cpu_weight",
+        "The process's cgroup CPU weight, lowest along its chain (cpu.weight, or cpu.shares "
+        "in v1): its share of contended CPU time",
+        ["pid", "file"],
     ),
     (
         "throttled",
@@ -202,7 +222,11 @@ def _collect_process(
         found = registry if registry is not None else read_registry()
         roles = {p.tid: (p.role, p.cpus) for p in found.pins_of(target or 0)}
         mask, _ = process_mask_of(target or 0, [m for _, m in threads])
-    quota = _pools(target, threads, roles, pid, families["usable"], families["pool"])
+    between = _between_scrapes(target, threads)
+    if between is not None:
+        families["wanted"].add_metric([pid], sum(b.runnable_ms_per_s for b in between) / 1000)
+    _weight(target, pid, families["weight"])
+    quota = _pools(target, threads, roles, pid, families["usable"], families["pool"], between)
     _throttling(quota, pid, families["throttled"], families["periods"])
     _holds_and_steps(target, pid, registry, families, steps)
     if memory_too:
@@ -380,6 +404,7 @@ def _pools(
     pid: str,
     usable: Any,
     pool: Any,
+    between: list[_Between] | None,
 ) -> Quota | None:
     """The census's samples; returns the quota its plan read (for the
     throttling counters, so that the cgroup is read once a process)."""
@@ -388,7 +413,7 @@ def _pools(
             target,
             threads=threads,
             pins={t: c for t, (_, c) in roles.items()},
-            samples=_between_scrapes(target, threads),
+            samples=between,
         )
     except (OSError, ValueError):
         return None  # exited meanwhile
@@ -396,6 +421,19 @@ def _pools(
     for p in found.pools:
         pool.add_metric([pid, p.name, p.kind, p.verdict], p.threads)
     return found.plan.quota
+
+
+def _weight(target: int | None, pid: str, weight: Any) -> None:
+    """The process's cgroup CPU weight, where it has one."""
+    from cpupin.host.cgroup import read_weight
+
+    try:
+        with Reader("/") as r:
+            found = read_weight(r, "self" if _is_own(target) else str(target))
+    except (OSError, ValueError):
+        return  # exited meanwhile
+    if found is not None:
+        weight.add_metric([pid, found.source.rsplit("/", 1)[-1]], found.value)
 
 
 class _Between(NamedTuple):
