@@ -8,6 +8,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import cpupin
 from cpupin.cli import main
@@ -303,3 +305,77 @@ def test_the_doctor_keeps_the_quietest_of_its_repeats_and_says_when_they_disagre
     assert all(r.median_ns == min(medians) for r in got.values())
     assert bool(noise) == (max(medians) > 2 * min(medians))
     assert all("the lowest kept" in line for line in noise)
+
+
+# --- the verdict against the measurement's own spread ---------------------------
+
+LOAD = {"load1": 9.5, "running": 6, "cpus": 2}
+
+
+def _vm(idle_ns, held_ns=None):
+    rows = [
+        ("same CPU busy", 0, 4_500, 4_500),
+        ("other core busy", 0, 5_000, 5_000),
+        ("other core idle", 200, idle_ns, idle_ns),
+    ]
+    if held_ns is not None:
+        rows.append(("other core held", 200, held_ns, held_ns))
+    return fake_handoffs(rows)
+
+
+def test_a_spread_that_straddles_the_penalty_gives_no_verdict():
+    """Idle 60 µs over a running core in the quietest run (auto), but 40 µs
+    in another: the runs fall either side of the 50 µs that decides."""
+    host = host_named("h100-vm")
+    fake = _vm(65_000)
+    spread = {"other core idle": (45_000, 65_000), "other core busy": (5_000, 5_500)}
+    quiet = diagnose(host, fake)
+    busy = diagnose(host, fake, spread=spread, load=LOAD)
+    assert quiet.verdict == "auto"
+    assert busy.verdict == "unknown", busy.why
+    assert busy.why.startswith("host too busy to judge: rerun on a quiet host")
+    assert "load 9.5" in busy.why and "said auto" in busy.why
+    data = busy.as_dict()
+    assert data["spread_ns"]["other core idle"] == [45_000, 65_000] and data["load"] == LOAD
+
+
+def test_a_spread_within_one_side_keeps_the_verdict():
+    host = host_named("h100-vm")
+    fake = _vm(140_000)
+    tight = {"other core idle": (135_000, 150_000), "other core busy": (5_000, 6_000)}
+    assert diagnose(host, fake, spread=tight, load=LOAD).verdict == "auto"
+    low = _vm(20_000)
+    tight = {"other core idle": (19_000, 22_000), "other core busy": (5_000, 6_000)}
+    assert diagnose(host, low, spread=tight, load=LOAD).verdict == "off"
+
+
+def test_a_hold_that_pays_in_one_run_and_not_another_gives_no_verdict():
+    host = host_named("h100-vm")
+    fake = _vm(30_000, held_ns=6_000)
+    quiet = diagnose(host, fake)
+    assert quiet.verdict == "hold", quiet.why
+    spread = {
+        "same CPU busy": (4_500, 4_600),
+        "other core busy": (5_000, 5_200),
+        "other core idle": (30_000, 31_000),
+        "other core held": (6_000, 29_000),  # one run held nothing back
+    }
+    judged = diagnose(host, fake, spread=spread, load=LOAD)
+    assert judged.verdict == "unknown" and "the hold saved" in judged.why
+
+
+@given(
+    idle=st.integers(5_000, 400_000),
+    lo=st.integers(0, 100_000),
+    hi=st.integers(0, 100_000),
+)
+def test_the_verdict_is_given_only_when_both_ends_of_the_spread_agree(idle, lo, hi):
+    host = host_named("h100-vm")
+    fake = _vm(idle)
+    spread = {"other core idle": (max(1, idle - lo), idle + hi), "other core busy": (5_000, 5_000)}
+    d = diagnose(host, fake, spread=spread)
+    ends = {diagnose(host, _vm(v)).verdict for v in spread["other core idle"]}
+    if d.verdict == "unknown":
+        assert len(ends) == 2, (ends, d.why)
+    else:
+        assert d.verdict == diagnose(host, fake).verdict

@@ -1,0 +1,67 @@
+"""A C program whose threads each run one kind of loop, built with the
+compiler that builds cpupin: spinning, computing, sleeping and ticking
+threads with known behaviour, for the outside view's tests."""
+
+import shutil
+import subprocess
+
+import pytest
+
+PROBE = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+static volatile unsigned long sink;
+static void *yielder(void *a) { (void)a; for (;;) sched_yield(); return 0; }
+static void *poller(void *a) { (void)a; for (;;) poll(NULL, 0, 0); return 0; }
+static void *computer(void *a) {
+    unsigned long x = 1; (void)a;
+    for (;;) { x = x * 6364136223846793005UL + 1; sink = x; }
+    return 0;
+}
+static void *sleeper(void *a) { (void)a; for (;;) pause(); return 0; }
+static void *ticker(void *a) {
+    struct timespec t = {0, 1000000}; (void)a;
+    for (;;) nanosleep(&t, NULL);
+    return 0;
+}
+int main(int argc, char **argv) {
+    static const char *names[] = {"yield-spin", "poll-spin", "compute", "sleeper", "ticker"};
+    void *(*bodies[])(void *) = {yielder, poller, computer, sleeper, ticker};
+    for (int i = 1; i < argc; i++)
+        for (int k = 0; k < 5; k++)
+            if (strcmp(argv[i], names[k]) == 0) {
+                pthread_t t;
+                pthread_create(&t, NULL, bodies[k], NULL);
+                pthread_setname_np(t, names[k]);
+            }
+    printf("ready\n");
+    fflush(stdout);
+    char c;
+    return read(0, &c, 1) < 0;
+}
+"""
+
+
+def build_probe(folder):
+    """The probe's binary in ``folder`` (the test skips, saying why, without
+    a C compiler). Run it with the kinds of thread to start, one argument a
+    thread (``compute compute`` starts two); it prints ``ready`` and runs
+    until its stdin closes."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.skip("no C compiler to build the thread probe (cpupin's own build needs one)")
+    (folder / "probe.c").write_text(PROBE)
+    out = subprocess.run(
+        [gcc, "-O1", "-pthread", "-o", str(folder / "probe"), str(folder / "probe.c")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return str(folder / "probe")
