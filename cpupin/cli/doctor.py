@@ -56,8 +56,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     doctor.add_argument(
         "--pid",
         type=_args.pid,
-        help="judge a running process instead of this command's: its mask and where it came "
-        "from (cpuset, quota, an OpenMP binding), its pool variables, and what to set",
+        help="judge a running process instead of this command's: its own cgroup (cpuset, "
+        "quota, weight), its mask and where it came from (an OpenMP binding), its record, its "
+        "pool variables and what to set, and over a 0.5 s sample its pools, spinning threads "
+        "and what its threads wanted",
     )
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.set_defaults(handler=run)
