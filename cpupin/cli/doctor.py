@@ -7,6 +7,7 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cpupin.act.binding import memory_binding_check
 from cpupin.cli import _args
@@ -27,6 +28,9 @@ from cpupin.measure.doctor import (
 from cpupin.plan.cpuplan import CpuPlan
 from cpupin.pools.limits import cpu_plan, environment_advice
 from cpupin.process.mask import process_cpus
+
+if TYPE_CHECKING:
+    from cpupin.measure.sampling import Sampler, ThreadSample
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -253,11 +257,8 @@ def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[st
     when unreadable or overwritten by its title), its crowded CPUs, what its
     record says, and its pools and spinning threads over a short sample."""
     from cpupin.cli.threads import _title, collapse_of, shared_narrow
-    from cpupin.cli.top import usable_of, weight_of
-    from cpupin.measure.demand import demand_of
     from cpupin.measure.sampling import Sampler
-    from cpupin.pools.census import census
-    from cpupin.process.outside import process_mask_of, read_environ, record_of
+    from cpupin.process.outside import process_mask_of, read_environ
 
     try:
         sampler = Sampler(pid).start()
@@ -268,11 +269,7 @@ def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[st
     threads = sampler.threads
     mask, source = process_mask_of(pid, [m for _, m in threads])
     environ, note = read_environ(pid)
-    shared = (
-        shared_narrow(pid, [(st.tid, st.name, m) for st, m in threads], mask)
-        if source.startswith("the launcher's view")
-        else None
-    )
+    bound = source.startswith("the launcher's view")
     facts: dict[str, object] = {
         "pid": pid,
         "command": _title(pid),
@@ -280,46 +277,55 @@ def _process_facts(pid: int) -> tuple[dict[str, object], frozenset[int], dict[st
         "mask_list": format_cpulist(mask),
         "mask_from": source,
         "environment": note or "read",
-        "shared_narrow": shared,
-        "openmp_collapse": collapse_of(pid, threads, mask)
-        if source.startswith("the launcher's view")
+        "shared_narrow": shared_narrow(pid, [(st.tid, st.name, m) for st, m in threads], mask)
+        if bound
         else None,
+        "openmp_collapse": collapse_of(pid, threads, mask) if bound else None,
         "cgroup": None,
-        "weight": None,
-        "demand": None,
+        **_sampled_facts(pid, sampler, samples, environ),
     }
+    return facts, mask, environ
+
+
+def _sampled_facts(
+    pid: int, sampler: Sampler, samples: list[ThreadSample], environ: dict[str, str] | None
+) -> dict[str, object]:
+    """What the process's record says, and its weight, demand, pools and
+    spinning threads over the sample."""
+    from cpupin.cli.top import step_tid_of, usable_of, weight_of
+    from cpupin.measure.demand import demand_of
+    from cpupin.pools.census import census
+    from cpupin.process.outside import record_of
+
     try:
         record = record_of(pid)
     except (OSError, ValueError):
         record = None
-    limited = (
-        next((n for n in record.notes if n.startswith("limit_pools")), None) if record else None
-    )
-    facts["limited"] = limited
-    facts["configured"] = (
-        [(p.name, p.threads) for p in record.pools if p.kind == "configured"] if record else []
-    )
     weight = weight_of(pid)
-    facts["weight"] = (
-        None
-        if weight is None
-        else {"value": weight.value, "default": weight.default, "source": weight.source}
-    )
-    facts["demand"] = demand_of(
+    demand = demand_of(
         samples,
         throttled=bool(sampler.throttling and sampler.throttling.throttled_periods),
         weight=weight,
         usable_cpus=usable_of(pid),
-        step_tid=next((p.tid for p in (record.pins if record else ()) if p.role == "step"), None),
-    ).as_dict()
-    found = census(pid, threads=threads, samples=samples, environ=environ or {})
-    facts["pools"] = [p.as_dict() for p in found.pools]
-    facts["spinning"] = [
-        {"tid": s.tid, "name": s.name, "cpus_list": format_cpulist(s.mask)}
-        for s in samples
-        if s.spinning
-    ]
-    return facts, mask, environ
+        step_tid=step_tid_of(record),
+    )
+    found = census(pid, threads=sampler.threads, samples=samples, environ=environ or {})
+    return {
+        "weight": None if weight is None else weight.as_dict(),
+        "demand": demand.as_dict(),
+        "limited": next((n for n in record.notes if n.startswith("limit_pools")), None)
+        if record
+        else None,
+        "configured": [(p.name, p.threads) for p in record.pools if p.kind == "configured"]
+        if record
+        else [],
+        "pools": [p.as_dict() for p in found.pools],
+        "spinning": [
+            {"tid": s.tid, "name": s.name, "cpus_list": format_cpulist(s.mask)}
+            for s in samples
+            if s.spinning
+        ],
+    }
 
 
 def _pinned_cpus(host: Host, mask: frozenset[int], here: bool) -> tuple[frozenset[int], str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import NamedTuple
 
 from cpupin._native import ThreadStat
 from cpupin.cli import _args
@@ -12,8 +13,8 @@ from cpupin.cli._pools import memory_lines, pool_lines
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
 from cpupin.host.numa_memory import memory_summary
-from cpupin.measure.sampling import Sampler, ThreadSample, audit, process_mask_of
-from cpupin.pools.census import census, pool_name
+from cpupin.measure.sampling import Audit, Sampler, ThreadSample, audit, process_mask_of
+from cpupin.pools.census import Census, census, pool_name
 from cpupin.process.mask import process_cpus, thread_masks
 from cpupin.process.outside import openmp_collapse, read_environ
 
@@ -75,67 +76,106 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.set_defaults(handler=run_audit)
 
 
+class _Seen(NamedTuple):
+    """A process's threads as ``threads`` read and judged them."""
+
+    pid: int
+    threads: list[tuple[ThreadStat, frozenset[int]]]
+    samples: list[ThreadSample] | None
+    mask: frozenset[int]
+    source: str
+    pools: Census
+    memory: dict[str, object] | None
+    shared: dict[str, object] | None
+    collapse: dict[str, object] | None
+
+
 def run_threads(args: argparse.Namespace) -> int:
     if args.tree:
         return _run_tree(os.getpid() if args.pid is None else args.pid, args.json)
+    seen = _seen(args.pid, args.interval)
+    if args.json:
+        _print_threads_json(seen, args.interval)
+    else:
+        _print_threads_text(seen)
+    return 0
+
+
+def _seen(target: int | None, interval: float) -> _Seen:
+    """Read the process's threads (over a sample of ``interval`` s, none
+    for 0), its mask, and judge its pools and bindings."""
     samples: list[ThreadSample] | None = None
-    if args.interval:
-        sampler = Sampler(args.pid).start()
-        time.sleep(args.interval)
+    if interval:
+        sampler = Sampler(target).start()
+        time.sleep(interval)
         samples = sampler.stop()
         threads = sampler.threads
     else:
-        threads = thread_masks(args.pid, last_cpu=True)
-    if args.pid is None or args.pid == os.getpid():
+        threads = thread_masks(target, last_cpu=True)
+    if target is None or target == os.getpid():
         pid, mask, source = os.getpid(), process_cpus(), "cpupin.process_cpus()"
     else:
-        pid = args.pid
+        pid = target
         mask, source = process_mask_of(pid, [m for _, m in threads])
-    pools = census(args.pid, threads=threads, samples=samples)
-    by_tid = {s.tid: s for s in samples or ()}
-    memory = memory_summary(pid, mask)
     shared = (
         shared_narrow(pid, [(st.tid, st.name, m) for st, m in threads], mask)
         if source.startswith("the launcher's view")
         else None
     )
-    collapse = collapse_of(pid, threads, mask)
-    if args.json:
-        _args.print_json(
-            {
-                "pid": pid,
-                "process_mask": sorted(mask),
-                "process_mask_list": format_cpulist(mask),
-                "process_mask_from": source,
-                "interval_s": args.interval,
-                "threads": [
-                    {
-                        **st._asdict(),
-                        "mask": sorted(m),
-                        "mask_list": format_cpulist(m),
-                        **_sampled(by_tid.get(st.tid), samples is not None),
-                    }
-                    for st, m in threads
-                ],
-                "spinning": list(pools.spinning),
-                "usable_cpus": pools.usable_cpus,
-                "pools": [p.as_dict() for p in pools.pools],
-                "memory": memory,
-                "shared_narrow": shared,
-                "openmp_collapse": collapse,
-            }
-        )
-        return 0
+    return _Seen(
+        pid,
+        threads,
+        samples,
+        mask,
+        source,
+        census(target, threads=threads, samples=samples),
+        memory_summary(pid, mask),
+        shared,
+        collapse_of(pid, threads, mask),
+    )
+
+
+def _print_threads_json(seen: _Seen, interval: float) -> None:
+    by_tid = {s.tid: s for s in seen.samples or ()}
+    _args.print_json(
+        {
+            "pid": seen.pid,
+            "process_mask": sorted(seen.mask),
+            "process_mask_list": format_cpulist(seen.mask),
+            "process_mask_from": seen.source,
+            "interval_s": interval,
+            "threads": [
+                {
+                    **st._asdict(),
+                    "mask": sorted(m),
+                    "mask_list": format_cpulist(m),
+                    **_sampled(by_tid.get(st.tid), seen.samples is not None),
+                }
+                for st, m in seen.threads
+            ],
+            "spinning": list(seen.pools.spinning),
+            "usable_cpus": seen.pools.usable_cpus,
+            "pools": [p.as_dict() for p in seen.pools.pools],
+            "memory": seen.memory,
+            "shared_narrow": seen.shared,
+            "openmp_collapse": seen.collapse,
+        }
+    )
+
+
+def _print_threads_text(seen: _Seen) -> None:
+    samples, pools = seen.samples, seen.pools
+    by_tid = {s.tid: s for s in samples or ()}
     print(
-        f"pid {pid}: {_count(len(threads), 'thread')}; process mask {format_cpulist(mask)} "
-        f"({source})"
+        f"pid {seen.pid}: {_count(len(seen.threads), 'thread')}; process mask "
+        f"{format_cpulist(seen.mask)} ({seen.source})"
     )
     print(
         f"{'tid':>8} {'name':16} {'run ms':>10} {'wait ms':>10} {'cpu':>4}  "
         + (f"{'ms/s':>7}  " if samples is not None else "")
         + "mask"
     )
-    for st, m in threads:
+    for st, m in seen.threads:
         cpu = st.last_cpu if st.last_cpu is not None else "?"
         got = by_tid.get(st.tid)
         rate = f"{got.cpu_ms_per_s:>7.1f}  " if got else (f"{'-':>7}  " if samples else "")
@@ -153,14 +193,13 @@ def run_threads(args: argparse.Namespace) -> int:
     )
     for line in pool_lines([p.as_dict() for p in pools.pools]):
         print(line)
-    for line in memory_lines(memory):
+    for line in memory_lines(seen.memory):
         print(line)
-    if shared:
-        _print_shared(shared)
-    if collapse:
-        print(f"finding: {collapse['what']}")
-        print(f"  -> {collapse['remedy']}")
-    return 0
+    if seen.shared:
+        _print_shared(seen.shared)
+    if seen.collapse:
+        print(f"finding: {seen.collapse['what']}")
+        print(f"  -> {seen.collapse['remedy']}")
 
 
 def collapse_of(
@@ -259,13 +298,14 @@ FINDING = 3
 
 def run_audit(args: argparse.Namespace) -> int:
     report = audit(args.pid, lock_dirs=[args.lock_dir] if args.lock_dir else None)
-    narrow = report.narrower
     # With a record, only threads that are not registered pins fail; without
     # one, a deliberate pin and a stray look the same: every narrower thread.
     failing = (
         report.strays
         if report.registered
-        else [(tid, name, cpus) for cpus, members in narrow.items() for tid, name in members]
+        else [
+            (tid, name, cpus) for cpus, members in report.narrower.items() for tid, name in members
+        ]
     )
     collapse = None
     if report.process_mask_from.startswith("the launcher's view"):
@@ -276,53 +316,59 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.json:
         _args.print_json({**report.as_dict(), "openmp_collapse": collapse})
     else:
-        mask = report.process_mask
-        print(
-            f"pid {args.pid}: {_count(report.threads, 'thread')}; process mask "
-            f"{format_cpulist(mask)} ({report.process_mask_from})"
-        )
-        print(f"  {len(report.groups.get(mask, []))} thread(s) on the process mask")
-        for cpus, members in sorted(narrow.items(), key=lambda kv: sorted(kv[0])):
-            names = ", ".join(
-                f"{printable(name, 64)} ({tid}{', registered' if tid in report.deliberate else ''})"
-                for tid, name in members
-            )
-            print(f"  on {format_cpulist(cpus)}: {names}")
-        if report.registered:
-            print(
-                f"  {len(report.deliberate)} registered pin(s) (its record in the lock "
-                f"directory); {len(report.strays)} narrower thread(s) not registered"
-            )
-        elif narrow:
-            print(
-                "  No record of this process in the lock directory: from outside, a "
-                "deliberate pin and a stray look the same; inside the process, "
-                "cpupin.stray_threads() tells them apart."
-            )
-        for tid, name, pinned, now in report.off_pin:
-            print(
-                f"  {printable(name, 64)} ({tid}) is registered on {format_cpulist(pinned)} "
-                f"but runs on {format_cpulist(now)}: its pin drifted"
-            )
-        if report.pin_drift:
-            print(f"  the process's own checks found its pins off {report.pin_drift} time(s)")
-        if report.off_pin:
-            print(
-                "  -> something set a pinned thread's mask after cpupin did (an OpenMP "
-                "runtime, NCCL, a framework): cpupin.guard_pins() in the process names the "
-                "likely cause and pins it back"
-            )
-        if collapse:
-            print(f"  finding: {collapse['what']}")
-            print(f"  -> {collapse['remedy']}")
-        if failing and not collapse:
-            print(
-                "  -> a narrower thread not registered either inherited a pin (start it from "
-                "an unpinned thread: cpupin.Thread, cpupin.ThreadPool, cpupin.Queue) or was "
-                "pinned on purpose without cpupin (pin it with cpupin.pin_current_thread, "
-                "which registers it)"
-            )
+        _print_audit(args.pid, report, collapse, bool(failing))
     return FINDING if (failing or collapse) and args.fail_on_narrow else 0
+
+
+def _print_audit(
+    pid: int, report: Audit, collapse: dict[str, object] | None, failing: bool
+) -> None:
+    mask, narrow = report.process_mask, report.narrower
+    print(
+        f"pid {pid}: {_count(report.threads, 'thread')}; process mask "
+        f"{format_cpulist(mask)} ({report.process_mask_from})"
+    )
+    print(f"  {len(report.groups.get(mask, []))} thread(s) on the process mask")
+    for cpus, members in sorted(narrow.items(), key=lambda kv: sorted(kv[0])):
+        names = ", ".join(
+            f"{printable(name, 64)} ({tid}{', registered' if tid in report.deliberate else ''})"
+            for tid, name in members
+        )
+        print(f"  on {format_cpulist(cpus)}: {names}")
+    if report.registered:
+        print(
+            f"  {len(report.deliberate)} registered pin(s) (its record in the lock "
+            f"directory); {len(report.strays)} narrower thread(s) not registered"
+        )
+    elif narrow:
+        print(
+            "  No record of this process in the lock directory: from outside, a "
+            "deliberate pin and a stray look the same; inside the process, "
+            "cpupin.stray_threads() tells them apart."
+        )
+    for tid, name, pinned, now in report.off_pin:
+        print(
+            f"  {printable(name, 64)} ({tid}) is registered on {format_cpulist(pinned)} "
+            f"but runs on {format_cpulist(now)}: its pin drifted"
+        )
+    if report.pin_drift:
+        print(f"  the process's own checks found its pins off {report.pin_drift} time(s)")
+    if report.off_pin:
+        print(
+            "  -> something set a pinned thread's mask after cpupin did (an OpenMP "
+            "runtime, NCCL, a framework): cpupin.guard_pins() in the process names the "
+            "likely cause and pins it back"
+        )
+    if collapse:
+        print(f"  finding: {collapse['what']}")
+        print(f"  -> {collapse['remedy']}")
+    if failing and not collapse:
+        print(
+            "  -> a narrower thread not registered either inherited a pin (start it from "
+            "an unpinned thread: cpupin.Thread, cpupin.ThreadPool, cpupin.Queue) or was "
+            "pinned on purpose without cpupin (pin it with cpupin.pin_current_thread, "
+            "which registers it)"
+        )
 
 
 def _count(n: int, noun: str) -> str:

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     args.usable = usable_of(args.pid)
     args.capped = _capped(args.pid, record)
     args.weight = weight_of(args.pid)
-    args.step_tid = next((p.tid for p in (record.pins if record else ()) if p.role == "step"), None)
+    args.step_tid = step_tid_of(record)
     counts = range(args.count) if args.count is not None else itertools.count()
     document: list[dict[str, object]] = []
     stopped: ProcessLookupError | None = None
@@ -101,10 +101,10 @@ def _samples(
         sampler.start()
         time.sleep(args.interval)
         samples = sampler.stop()
-        throttled = bool(sampler.throttling and sampler.throttling.throttled_periods)
+        throttling = sampler.throttling.as_dict() if sampler.throttling else None
         demand = demand_of(
             samples,
-            throttled=throttled,
+            throttled=bool(sampler.throttling and sampler.throttling.throttled_periods),
             weight=args.weight,
             usable_cpus=args.usable,
             step_tid=args.step_tid,
@@ -113,48 +113,54 @@ def _samples(
             {s.stall for s in samples if s.stall}, args.pid, args.usable, args.capped, demand
         )
         remedies += spin_remedies(samples)
-        if args.json or args.json_lines:
-            throttling = sampler.throttling.as_dict() if sampler.throttling else None
-            sample = {
-                "time": round(time.time(), 3),
-                "throttled_ms_per_s": throttling and throttling["throttled_ms_per_s"],
-                "throttling": throttling,
-                "threads": [s.as_dict() for s in samples],
-                "demand": demand.as_dict(),
-                "remedies": remedies,
-            }
-            if args.json:
-                document.append(sample)
-            else:
-                json.dump(sample, sys.stdout)
-                sys.stdout.write("\n")
-                sys.stdout.flush()
+        if not (args.json or args.json_lines):
+            if i:
+                print()
+            _print_sample(args, samples, throttling, remedies)
             continue
-        if i:
-            print()
+        sample = {
+            "time": round(time.time(), 3),
+            "throttled_ms_per_s": throttling and throttling["throttled_ms_per_s"],
+            "throttling": throttling,
+            "threads": [s.as_dict() for s in samples],
+            "demand": demand.as_dict(),
+            "remedies": remedies,
+        }
+        if args.json:
+            document.append(sample)
+        else:
+            json.dump(sample, sys.stdout)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+def _print_sample(
+    args: argparse.Namespace,
+    samples: list[ThreadSample],
+    throttling: dict[str, object] | None,
+    remedies: list[str],
+) -> None:
+    """One sample as a table, and what to do."""
+    print(
+        time.strftime("%H:%M:%S"),
+        f"pid {args.pid or os.getpid()}"
+        + (f" ({printable(args.role, 32)})" if args.role else "")
+        + f", {len(samples)} threads, over {args.interval:g} s; "
+        + throttle_text(throttling),
+    )
+    print(f"{'tid':>8} {'name':16} {'cpu ms/s':>9} {'wait ms/s':>10} {'cpu':>4}  {'mask':14} state")
+    for s in samples:
         print(
-            time.strftime("%H:%M:%S"),
-            f"pid {args.pid or os.getpid()}"
-            + (f" ({printable(args.role, 32)})" if args.role else "")
-            + f", {len(samples)} threads, over {args.interval:g} s; "
-            + throttle_text(sampler.throttling.as_dict() if sampler.throttling else None),
+            f"{s.tid:>8} {printable(s.name, 16):16} {s.cpu_ms_per_s:>9.1f} "
+            f"{s.wait_ms_per_s:>10.1f} "
+            f"{s.last_cpu if s.last_cpu is not None else '?':>4}  "
+            f"{_short(s.mask):14} {s.state}"
+            + (f", stalled: {s.stall}" if s.stall else "")
+            + (", spinning" if s.spinning else "")
         )
-        print(
-            f"{'tid':>8} {'name':16} {'cpu ms/s':>9} {'wait ms/s':>10} {'cpu':>4}  "
-            f"{'mask':14} state"
-        )
-        for s in samples:
-            print(
-                f"{s.tid:>8} {printable(s.name, 16):16} {s.cpu_ms_per_s:>9.1f} "
-                f"{s.wait_ms_per_s:>10.1f} "
-                f"{s.last_cpu if s.last_cpu is not None else '?':>4}  "
-                f"{_short(s.mask):14} {s.state}"
-                + (f", stalled: {s.stall}" if s.stall else "")
-                + (", spinning" if s.spinning else "")
-            )
-        for line in remedies:
-            print(f"  -> {line}")
-        sys.stdout.flush()
+    for line in remedies:
+        print(f"  -> {line}")
+    sys.stdout.flush()
 
 
 def spin_remedies(samples: Iterable[ThreadSample]) -> list[str]:
@@ -223,6 +229,11 @@ def _capped(pid: int | None, record: Record | None) -> bool:
     if environ_of(pid, ENV_POOL_VARS):
         return True
     return record is not None and any(n.startswith("limit_pools") for n in record.notes)
+
+
+def step_tid_of(record: Record | None) -> int | None:
+    """The thread its record names as its step thread, if any."""
+    return next((p.tid for p in (record.pins if record else ()) if p.role == "step"), None)
 
 
 def weight_of(pid: int | None) -> Weight | None:

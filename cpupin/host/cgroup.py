@@ -248,6 +248,9 @@ class Weight:
         """The weight against the default: 0.5 gets half a default sibling's share."""
         return self.value / self.default
 
+    def as_dict(self) -> dict[str, object]:
+        return {"value": self.value, "default": self.default, "source": self.source}
+
 
 def read_weight(r: Reader, proc: str = "self") -> Weight | None:
     """The lowest CPU weight, against the default, of ``proc``'s cgroup and

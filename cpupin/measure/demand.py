@@ -146,9 +146,7 @@ class Demand:
             "throttled": self.throttled,
             "contended": self.contended,
             "request_cpus": self.request_cpus,
-            "weight": None
-            if w is None
-            else {"value": w.value, "default": w.default, "source": w.source},
+            "weight": None if w is None else w.as_dict(),
             "step": None
             if self.step is None
             else {

@@ -332,16 +332,7 @@ def census(
     target = os.getpid() if own else int(pid or 0)
     if threads is None:
         threads = thread_masks(None if own else target)
-    if own:
-        view = _View(
-            names={t.native_id: t.name for t in threading.enumerate() if t.native_id is not None},
-            pins=own_pins() if pins is None else dict(pins),
-            mask=process_cpus(),
-        )
-        env: Mapping[str, str] | None = os.environ if environ is None else environ
-    else:
-        view = _outside(target, threads, pins, recorded)
-        env = read_environ(target)[0] if environ is None else environ
+    view, env = _view_of(target, own, threads, pins, recorded, environ)
     if plan is None:
         pinned = frozenset().union(*view.pins.values())
         plan = cpu_plan(target, root=root, mask=view.mask, pinned=pinned)
@@ -381,6 +372,28 @@ def census(
         )
     pools.sort(key=lambda p: (p.kind != "threads", -p.threads, p.name))
     return Census(target, plan, tuple(pools), tuple(sorted(spinners)))
+
+
+def _view_of(
+    target: int,
+    own: bool,
+    threads: list[tuple[ThreadStat, frozenset[int]]],
+    pins: Mapping[int, frozenset[int]] | None,
+    recorded: Iterable[RecordedPool] | None,
+    environ: Mapping[str, str] | None,
+) -> tuple[_View, Mapping[str, str] | None]:
+    """What the census knows of the process's threads before it groups
+    them, and the environment its pools were sized from: this process's
+    own, or another's, from its record and the kernel."""
+    if own:
+        view = _View(
+            names={t.native_id: t.name for t in threading.enumerate() if t.native_id is not None},
+            pins=own_pins() if pins is None else dict(pins),
+            mask=process_cpus(),
+        )
+        return view, os.environ if environ is None else environ
+    view = _outside(target, threads, pins, recorded)
+    return view, read_environ(target)[0] if environ is None else environ
 
 
 class _View(NamedTuple):
