@@ -197,8 +197,8 @@ def _apply_limits() -> None:
     thread: OpenMP keeps them per thread. Nothing unless ``limit_pools``
     ran (its module is loaded only then, so ``import cpupin`` stays small)."""
     limits = sys.modules.get("cpupin.pools.limits")
-    if limits is not None and limits._thread_limits:
-        limits.apply_thread_limits()
+    if limits is not None:
+        limits.apply_thread_limits()  # returns at once when no limit was set
 
 
 def _enter(kernel_name: bytes | None) -> None:

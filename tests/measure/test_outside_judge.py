@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -197,8 +198,6 @@ def test_doctor_pid_and_prometheus_say_the_same_of_a_contended_process(contended
     assert not first["cpupin_process_wanted_cpus"].samples  # no interval yet
     (w,) = first["cpupin_cgroup_cpu_weight"].samples
     assert w.value == weight and w.labels["file"] in ("cpu.shares", "cpu.weight")
-    import time
-
     time.sleep(0.5)
     (wanted,) = families()["cpupin_process_wanted_cpus"].samples
     assert 0.8 <= wanted.value <= 1.2, wanted
