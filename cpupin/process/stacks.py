@@ -11,11 +11,20 @@ so a process's OpenMP team, its BLAS pool and its Rayon pool all show as
 - the first words of its stack (``/proc/PID/mem``, a few KiB from the stack
   pointer) hold the return addresses of the calls it waits in.
 
-The first address that falls in a library's code, past the C library that
-makes every system call, names the library that waits: libgomp's team waits
-in libgomp, OpenBLAS's server in libopenblas, a Rayon pool in the extension
-that built it. A running thread shows no stack (``None``), nor does a
-process this user may not trace.
+The first return address that falls in a library's code, past the C
+library that makes every system call, names the library that waits:
+libgomp's team waits in libgomp, OpenBLAS's server in libopenblas, a Rayon
+pool in the extension that built it. A running thread shows no stack
+(``None``), nor does a process this user may not trace.
+
+A word of a stack is not always a return address: a frame's locals lie
+between them, and a number such as ``0x7f..00000189`` (a futex operation
+beside a pointer's high half) can fall inside libtorch's 400 MB of code.
+So a word counts only where the instruction before it is a call: on x86-64
+a ``call rel32`` whose target lies in the same file, or an indirect
+``call`` whose encoding ends exactly there; on arm64 a ``bl`` into the same
+file or a ``blr``. Random data passes that test about once in a thousand
+words.
 
 Everything read is hostile: the maps text is bounded in size and in lines,
 addresses in digits, the stack in bytes; a library is quoted by its file's
@@ -26,12 +35,14 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from typing import NamedTuple
 
 from cpupin.host._sysfs import Reader
 
 __all__ = [
     "LibraryPool",
+    "follows_call",
     "library_pool",
     "parse_maps",
     "thread_libraries",
@@ -136,17 +147,83 @@ def _plumbing(name: str) -> bool:
     return any(p in name for p in _PLUMBING)
 
 
-def owner(areas: list[_Area], pc: int, stack: bytes) -> str | None:
+def _modrm_length(code: bytes) -> int:
+    """Bytes of an x86 ModRM operand (ModRM, SIB, displacement) starting
+    at ``code[0]``; 0 where too few bytes are given to say."""
+    if not code:
+        return 0
+    mod, rm = code[0] >> 6, code[0] & 7
+    if mod == 3:
+        return 1
+    n = 1
+    if rm == 4:
+        if len(code) < 2:
+            return 0
+        n += 1
+        if mod == 0 and code[1] & 7 == 5:
+            n += 4
+    if mod == 0 and rm == 5:
+        n += 4
+    elif mod == 1:
+        n += 1
+    elif mod == 2:
+        n += 4
+    return n
+
+
+def follows_call(areas: list[_Area], address: int, before: bytes, machine: str) -> bool:
+    """Whether ``address`` is where a call returns to, from the 8 bytes of
+    code before it (``before``); an architecture it cannot check passes.
+    Pure."""
+    if machine in ("x86_64", "amd64"):
+        if len(before) < 8:
+            return False
+        if before[3] == 0xE8:  # call rel32: its target lies in the same file
+            target = address + int.from_bytes(before[4:8], "little", signed=True)
+            if _area_of(areas, target) == _area_of(areas, address):
+                return True
+        for size in range(2, 8):  # call r/m64: FF /2, ending at the address
+            start = 8 - size
+            if before[start] == 0xFF and (before[start + 1] >> 3) & 7 == 2:
+                if 1 + _modrm_length(before[start + 1 :]) == size:
+                    return True
+        return False
+    if machine in ("aarch64", "arm64"):
+        if len(before) < 8 or address % 4:
+            return False
+        insn = int.from_bytes(before[4:8], "little")
+        if insn & 0xFFFFFC1F == 0xD63F0000:  # blr
+            return True
+        if insn & 0xFC000000 == 0x94000000:  # bl: its target lies in the same file
+            offset = (insn & 0x03FFFFFF) << 2
+            if offset & (1 << 27):
+                offset -= 1 << 28
+            return _area_of(areas, address - 4 + offset) == _area_of(areas, address)
+        return False
+    return True
+
+
+def owner(
+    areas: list[_Area],
+    pc: int,
+    stack: bytes,
+    code_before: Callable[[int], bytes] | None = None,
+    machine: str = "",
+) -> str | None:
     """The library a blocked thread waits in: the one its system call was
     made from unless that is the C library, else the first return address
-    on its stack in a library's code. Pure."""
+    on its stack in a library's code. Where ``code_before`` is given (the 8
+    bytes before an address), a word counts only if a call precedes it
+    (:func:`follows_call` for ``machine``). Pure but for ``code_before``."""
     first = _area_of(areas, pc)
     if first is not None and not _plumbing(first):
         return first
     usable = len(stack) // 8 * 8
     for (word,) in struct.iter_unpack("<Q", stack[:usable]):
         name = _area_of(areas, word)
-        if name is not None and not _plumbing(name):
+        if name is None or _plumbing(name):
+            continue
+        if code_before is None or follows_call(areas, word, code_before(word), machine):
             return name
     return None
 
@@ -185,6 +262,14 @@ def thread_libraries(pid: int, tids: list[int]) -> dict[int, str]:
             mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return {}
+        machine = os.uname().machine
+
+        def code_before(address: int) -> bytes:
+            try:
+                return os.pread(mem, 8, address - 8) if 8 <= address < 1 << 63 else b""
+            except (OSError, OverflowError):
+                return b""
+
         try:
             for tid in tids:
                 found = _stack_and_pc(r, pid, tid)
@@ -195,7 +280,7 @@ def thread_libraries(pid: int, tids: list[int]) -> dict[int, str]:
                     stack = os.pread(mem, STACK_BYTES, sp) if 0 < sp < 1 << 63 else b""
                 except (OSError, OverflowError):
                     stack = b""
-                name = owner(areas, pc, stack)
+                name = owner(areas, pc, stack, code_before, machine)
                 if name is not None:
                     out[tid] = name
         finally:

@@ -19,7 +19,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpupin.process.stacks import library_pool, owner, parse_maps, thread_libraries
+from cpupin.process.stacks import (
+    follows_call,
+    library_pool,
+    owner,
+    parse_maps,
+    thread_libraries,
+)
 from tests.support.probe import build_probe
 
 CHILD = textwrap.dedent(
@@ -263,6 +269,64 @@ def test_a_stack_names_the_first_library_past_the_plumbing():
     assert owner(areas, 0x1800, stack[:7]) is None  # a torn word is not read
 
 
+def _call_rel32(at: int, target: int) -> bytes:
+    """The 8 bytes before ``at`` ending in ``call target``."""
+    return b"\x90\x90\x90\xe8" + (target - at).to_bytes(4, "little", signed=True)
+
+
+def test_a_word_counts_only_where_a_call_precedes_it():
+    """Locals between return addresses can fall in a big library's code
+    (``0x7f..00000189`` in libtorch's 400 MB): a word counts only where the
+    instruction before it is a call."""
+    areas = parse_maps(
+        "1000-2000 r-xp 0 0:0 1 /usr/lib/libc.so.6\n"
+        "10000-90000 r-xp 0 0:0 1 /opt/x/libtorch_cpu.so\n"
+        "a0000-a1000 r-xp 0 0:0 1 /usr/bin/python3.11\n"
+    )
+    code = {
+        0x10189: b"\x48\x89\xc7\x48\x8b\x45\xf8\x90",  # mov; mov: no call
+        0xA0100: _call_rel32(0xA0100, 0xA0800),  # python calls into python
+        0x20000: _call_rel32(0x20000, 0x5000000),  # target outside the file
+    }
+    stack = b"".join(x.to_bytes(8, "little") for x in (0x10189, 0x20000, 0xA0100, 0x10189))
+    assert owner(areas, 0x1800, stack) == "libtorch_cpu.so"  # unchecked: the local wins
+    checked = owner(areas, 0x1800, stack, lambda a: code.get(a, b""), "x86_64")
+    assert checked == "python3.11" and library_pool(checked) is None
+    # An architecture it cannot check takes the first word, as before.
+    assert owner(areas, 0x1800, stack, lambda a: b"", "riscv64") == "libtorch_cpu.so"
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        b"\x90\x90\x90\x90\x90\x90\xff\xd0",  # call *%rax
+        b"\x90\x90\x90\x90\x90\x41\xff\xd3",  # call *%r11
+        b"\x90\x90\xff\x15\x10\x20\x30\x00",  # call *0x302010(%rip)
+        b"\x90\x90\x90\x90\x90\xff\x50\x08",  # call *0x8(%rax)
+        b"\x90\x90\x90\x90\xff\x54\x24\x08",  # call *0x8(%rsp)
+        b"\x90\x90\xff\x90\x00\x01\x00\x00",  # call *0x100(%rax)
+    ],
+)
+def test_each_x86_indirect_call_form_is_read_to_its_end(before):
+    areas = parse_maps("1000-2000 r-xp 0 0:0 1 /opt/x/libgomp.so.1\n")
+    assert follows_call(areas, 0x1100, before, "x86_64")
+    # The same bytes one place earlier end before the address: not a call there.
+    assert not follows_call(areas, 0x1100, before[1:] + b"\x90", "x86_64")
+
+
+def test_arm64_bl_and_blr_are_calls():
+    areas = parse_maps("10000-20000 r-xp 0 0:0 1 /opt/x/libgomp.so.1\n")
+    bl_back = (0x94000000 | ((-0x100 >> 2) & 0x03FFFFFF)).to_bytes(4, "little")
+    assert follows_call(areas, 0x10400, b"\0" * 4 + bl_back, "aarch64")
+    assert follows_call(
+        areas, 0x10400, b"\0" * 4 + (0xD63F0000 | 3 << 5).to_bytes(4, "little"), "aarch64"
+    )
+    far = (0x94000000 | 0x01000000).to_bytes(4, "little")  # 64 MiB on: another file
+    assert not follows_call(areas, 0x10400, b"\0" * 4 + far, "aarch64")
+    assert not follows_call(areas, 0x10402, b"\0" * 4 + bl_back, "aarch64")  # unaligned
+    assert not follows_call(areas, 0x10400, b"\0" * 8, "aarch64")
+
+
 maps_line = st.one_of(
     st.text(max_size=120),
     st.builds(
@@ -283,3 +347,5 @@ def test_any_maps_and_stack_give_a_library_or_none(lines, pc, stack):
         assert a.lo < a.hi and a.name and "/" not in a.name and len(a.name) <= 64
     found = owner(areas, pc, stack)
     assert found is None or found in {a.name for a in areas}
+    checked = owner(areas, pc, stack, lambda a: stack[:8], "x86_64")
+    assert checked is None or checked in {a.name for a in areas}
