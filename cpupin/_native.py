@@ -45,6 +45,7 @@ __all__ = [
     "raise_oserror",
     "schedstat",
     "set_affinity",
+    "swap_affinity",
     "thread_stats",
 ]
 
@@ -350,6 +351,11 @@ def set_affinity(cpus: Iterable[int] | str, tid: int = 0) -> None:
     mask is read back, and a mask that differs raises ``ValueError`` saying
     which CPUs were dropped and where the thread now runs.
     """
+    if type(cpus) is frozenset and tid == 0 and type(tid) is int:
+        # A mask moved to before was checked then: one call, no walk of it.
+        want = _wanted.get(cpus)
+        if want is not None and lib.cpupin_set_mask(want) == 0:
+            return
     if type(tid) is not int or not 0 <= tid < PID_LIMIT:
         tid = _as_tid(tid)
     wanted = cpu_set(cpus)
@@ -378,6 +384,34 @@ def set_affinity(cpus: Iterable[int] | str, tid: int = 0) -> None:
         if tuple(io[2 : 2 + rc]) == key:
             return
     _set_affinity_slow(wanted, tid, rc, io)
+
+
+def swap_affinity(cpus: frozenset[int]) -> frozenset[int]:
+    """Move the calling thread onto ``cpus`` (checked as by
+    :func:`set_affinity`, which raises the same errors) and return the mask
+    it had: a pin's calls in one native call."""
+    want = _wanted.get(cpus)
+    if want is None:
+        want = _want(cpus)
+    try:
+        old = _tls.old
+    except AttributeError:
+        old = _tls.old = ffi.new(_WORDS, _MAX_WORDS)
+    rc = lib.cpupin_swap_mask(want, old)
+    if rc & 0x10000 and rc > 0:
+        had = rc & 0xFFFF
+        key: Any = old[0] if had == 1 else tuple(old[0:had])
+        known = _masks.get(key)
+        return known if known is not None else _key_set(key)
+    if rc >= 0:  # moved, but the kernel kept less: put back, then say why
+        had = rc & 0xFFFF
+        previous = _key_set(old[0] if had == 1 else tuple(old[0:had]))
+        set_affinity(cpus)
+        return previous
+    # Nothing moved: the two calls grow the set size or raise, naming why.
+    previous = get_affinity()
+    set_affinity(cpus)
+    return previous
 
 
 def _set_affinity_slow(wanted: frozenset[int], tid: int, rc: int, io: object) -> None:
@@ -665,8 +699,38 @@ def step_files(
 
 #: The kernel's memory policy modes (``linux/mempolicy.h``).
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL = 0, 1, 2, 3, 4
+
+
 #: Node masks are passed as at most this many 64-bit words (16,384 nodes; the
 #: kernel allows 1,024).
+class SharedFile:
+    """A file mapped shared for stores (``MAP_SHARED``): a store reaches
+    every reader of the file with no system call, and no descriptor is kept
+    (a runtime that closes descriptors it did not open cannot close it, nor
+    make cpupin write to a file of its own under a reused number). The file
+    must keep its size while mapped: only its owner (or root) could cut it,
+    and a store past a cut end would be a ``SIGBUS``."""
+
+    __slots__ = ("size", "view", "_addr")
+
+    def __init__(self, fd: int, size: int) -> None:
+        out = ffi.new("void **")
+        rc = lib.cpupin_map_shared(fd, size, out)
+        if rc < 0:
+            raise_oserror(rc, f"mapping {size} bytes of a record file")
+        self._addr: Any = out[0]
+        self.size = size
+        #: The bytes, for slice stores (``view[a:b] = data``).
+        self.view = memoryview(ffi.buffer(self._addr, size))
+
+    def close(self) -> None:
+        """Unmap the file (once; a store afterwards raises ``TypeError``)."""
+        view, self.view = self.view, memoryview(b"")
+        if view.nbytes:
+            view.release()
+            lib.cpupin_unmap(self._addr, self.size)
+
+
 _NODE_WORDS = 16
 
 

@@ -5,6 +5,7 @@
  *
  *   the GIL          who drops it (the calls keep it; see the last section)
  *   affinity         tids, getcpu, CPU sets of any size, the mask check
+ *   shared mappings  a file mapped for stores (a process's record)
  *   memory policy    set_mempolicy and get_mempolicy
  *   files under a root  openat2(RESOLVE_IN_ROOT), type-checked opens
  *   tasks            schedstat, comm and stat of every task of a process
@@ -23,6 +24,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <stdio.h>
 #include <linux/futex.h>
@@ -169,6 +171,57 @@ int cpupin_mask_is(const uint64_t *want)
     return rc;
 }
 int cpupin_set_affinity(uint64_t *io) { return affinity(io, 1); }
+
+/* Moves the calling thread onto want[1...] (want[0] words) and reads its
+ * mask back: 0 when the kernel holds exactly that, 1 when it holds less
+ * (it keeps what the cpuset allows), or -errno. */
+int cpupin_set_mask(const uint64_t *want)
+{
+    uint64_t stack[2 + STACK_WORDS];
+    size_t bytes = (size_t)want[0] * 8;
+    uint64_t *io = want[0] <= STACK_WORDS ? stack : malloc(2 * 8 + bytes);
+    int rc;
+
+    if (io == NULL)
+        return -ENOMEM;
+    io[0] = 0;
+    io[1] = want[0];
+    memcpy(io + 2, want + 1, bytes);
+    rc = affinity(io, 1);
+    if (rc >= 0)
+        rc = memcmp(io + 2, want + 1, bytes) != 0;
+    if (io != stack)
+        free(io);
+    return rc;
+}
+
+/* A pin: the calling thread's mask read into old[0...] (want[0] words),
+ * then cpupin_set_mask(want). Returns the significant words of the old
+ * mask, plus 65536 when the kernel holds exactly want; or -errno, and
+ * then nothing moved. */
+int cpupin_swap_mask(const uint64_t *want, uint64_t *old)
+{
+    uint64_t stack[2 + STACK_WORDS];
+    size_t bytes = (size_t)want[0] * 8;
+    uint64_t *io = want[0] <= STACK_WORDS ? stack : malloc(2 * 8 + bytes);
+    int had, rc;
+
+    if (io == NULL)
+        return -ENOMEM;
+    io[0] = 0;
+    io[1] = want[0];
+    had = affinity(io, 0);
+    if (had >= 0) {
+        memcpy(old, io + 2, bytes);
+        rc = cpupin_set_mask(want);
+        rc = rc < 0 ? rc : had | (rc == 0) << 16;
+    } else {
+        rc = had;
+    }
+    if (io != stack)
+        free(io);
+    return rc;
+}
 
 /* A new thread's first call: onto the mask want[1...] (want[0] words)
  * unless it is there already, then (name not NULL) its kernel name. One
@@ -419,6 +472,26 @@ int cpupin_step_end(long long *s) { return step_mark(s, 1); }
 int cpupin_set_thread_name(const char *name)
 {
     return prctl(PR_SET_NAME, (unsigned long)name, 0UL, 0UL, 0UL) == 0 ? 0 : -errno;
+}
+
+/* --- shared mappings --------------------------------------------------------- */
+
+/* length bytes of the file open at fd, mapped shared for reading and
+ * writing: stores reach every reader of the file with no system call. The
+ * caller closes fd after (the mapping keeps the file). 0 or -errno. */
+int cpupin_map_shared(int fd, size_t length, void **addr)
+{
+    void *p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+    if (p == MAP_FAILED)
+        return -errno;
+    *addr = p;
+    return 0;
+}
+
+int cpupin_unmap(void *addr, size_t length)
+{
+    return munmap(addr, length) == 0 ? 0 : -errno;
 }
 
 /* --- memory policy -------------------------------------------------------- */
@@ -1066,6 +1139,10 @@ long cpupin_gettid(void) { return -ENOSYS; }
 int cpupin_getcpu(void) { return -ENOSYS; }
 int cpupin_get_affinity(uint64_t *io) { return -ENOSYS; }
 int cpupin_set_affinity(uint64_t *io) { return -ENOSYS; }
+int cpupin_set_mask(const uint64_t *want) { return -ENOSYS; }
+int cpupin_swap_mask(const uint64_t *want, uint64_t *old) { return -ENOSYS; }
+int cpupin_map_shared(int fd, size_t length, void **addr) { return -ENOSYS; }
+int cpupin_unmap(void *addr, size_t length) { return -ENOSYS; }
 int cpupin_mask_is(const uint64_t *want) { return -ENOSYS; }
 int cpupin_thread_enter(const uint64_t *want, const char *name) { return -ENOSYS; }
 int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, int spin,

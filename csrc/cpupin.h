@@ -19,6 +19,13 @@ int cpupin_getcpu(void);
  * significant (the highest nonzero one plus one) or -errno. */
 int cpupin_get_affinity(uint64_t *io);
 int cpupin_set_affinity(uint64_t *io);
+/* The calling thread onto want[1...] (want[0] words), read back: 0 when
+ * the kernel holds exactly that, 1 when less, or -errno. */
+int cpupin_set_mask(const uint64_t *want);
+/* A pin: the old mask into old[0...want[0]), then cpupin_set_mask(want):
+ * the old mask's significant words plus 65536 when the kernel holds want,
+ * or -errno (nothing moved). */
+int cpupin_swap_mask(const uint64_t *want, uint64_t *old);
 /* Whether the calling thread's mask is want[1...] (want[0] words): 1 or 0,
  * or -errno. Needs no buffer of the caller's: a new thread's first check. */
 int cpupin_mask_is(const uint64_t *want);
@@ -76,3 +83,8 @@ int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
  * handoff to B running. Returns the rounds measured or -errno. */
 int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, int spin,
                    uint64_t *rtt, uint64_t *wake);
+
+/* A file mapped shared (MAP_SHARED, read and write), and unmapped: 0 or
+ * -errno. What a process's record is written through. */
+int cpupin_map_shared(int fd, size_t length, void **addr);
+int cpupin_unmap(void *addr, size_t length);

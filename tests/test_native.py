@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -459,3 +460,86 @@ def test_raise_oserror_picks_the_subclass_and_names_the_thread():
 def test_open_files_budget_is_a_fraction_of_the_limit():
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert 0 <= _native._fd_budget() <= max(soft // 8, 8192)
+
+
+# --- a pin's calls in one: swap_affinity --------------------------------------
+
+
+def test_swap_affinity_moves_and_returns_the_mask_it_had(two_cpus):
+    """The mask it returns is the one os read just before (the oracle); the
+    mask it leaves is the one asked; threads beside it are untouched."""
+    first, second = two_cpus
+    with parked_threads(1) as (other,):
+        beside = os.sched_getaffinity(other)
+        before = os.sched_getaffinity(0)
+        assert _native.swap_affinity(frozenset({first})) == before
+        assert os.sched_getaffinity(0) == {first}
+        assert _native.swap_affinity(frozenset({second})) == {first}
+        assert os.sched_getaffinity(0) == {second}
+        assert _native.swap_affinity(frozenset(before)) == {second}
+        assert os.sched_getaffinity(other) == beside
+
+
+def test_swap_affinity_refuses_an_offline_cpu_and_moves_nothing():
+    before = os.sched_getaffinity(0)
+    top = max(cpupin.online_cpus()) + 1
+    with pytest.raises(ValueError, match=f"CPU {top} "):
+        _native.swap_affinity(frozenset({0, top}))
+    assert os.sched_getaffinity(0) == before
+
+
+CPUSET_CUT = r"""
+import os, sys
+from cpupin import _native
+sys.stdin.readline()  # moved meanwhile into a cpuset of the first CPU only
+try:
+    _native.swap_affinity(frozenset({int(sys.argv[1]), int(sys.argv[2])}))
+except ValueError as exc:
+    print(exc)
+"""
+
+
+def _cpuset_mount():
+    """Where a cpuset cgroup can be made: ("v1", mount) or ("v2", mount)."""
+    v2 = None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if parts[2] == "cgroup" and "cpuset" in parts[3].split(","):
+                return "v1", parts[1]
+            if parts[2] == "cgroup2":
+                try:
+                    if "cpuset" in Path(parts[1], "cgroup.controllers").read_text().split():
+                        v2 = ("v2", parts[1])
+                except OSError:
+                    pass
+    return v2 or (None, None)
+
+
+def test_swap_affinity_says_what_the_kernel_kept_when_a_cpuset_cut_it(two_cpus):
+    """A process moved into a narrower cpuset while it runs (what a
+    Kubernetes CPU manager does): the kernel keeps only the cpuset's CPUs of
+    the mask asked, and the read-back names the CPU it dropped."""
+    first, second = two_cpus
+    kind, mount = _cpuset_mount()
+    if os.geteuid() != 0 or mount is None:
+        pytest.skip("needs root and a cgroup hierarchy with the cpuset controller")
+    if kind == "v2":
+        Path(mount, "cgroup.subtree_control").write_text("+cpuset")
+    path = Path(mount, f"cpupin-test-{os.getpid()}")
+    path.mkdir()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CPUSET_CUT, str(first), str(second)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        (path / "cpuset.cpus").write_text(str(first))
+        if kind == "v1":
+            (path / "cpuset.mems").write_text(Path(mount, "cpuset.mems").read_text())
+        (path / "cgroup.procs").write_text(str(child.pid))
+        out, _ = child.communicate("go\n", timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+        path.rmdir()
+    assert f"the kernel dropped CPU {second}" in out, out

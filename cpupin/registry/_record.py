@@ -38,8 +38,12 @@ BUCKETS_S = (
 )
 #: The record format's version.
 VERSION = 1
-#: The bytes a lock file's record occupies (one page: one pwrite).
+#: The bytes a lock file's record occupies (one page: one pwrite), and the
+#: unit a process record's head grows by.
 SLOT = 4096
+#: The bytes of one pin's slot in a process record (after its head): a pin
+#: made or released is a store of one slot.
+PIN_SLOT = 256
 #: The most bytes read of any record file.
 MAX_SIZE = 64 * 1024
 #: The environment variable naming the shared lock directory.
@@ -151,14 +155,12 @@ def _small_int(text: str) -> int:
     return int(text)
 
 
-def decode(raw: bytes) -> dict[str, object]:
-    """The record in ``raw``, checked; :class:`ValueError` with a short
-    reason for anything else (torn, foreign, malformed). Strict JSON only:
-    no NaN or Infinity, no number of more than 20 digits, no nesting deep
-    enough to exhaust the parser; nothing in ``raw`` raises anything else."""
-    text = raw.rstrip(b" \n\0")
-    body, _, check = text.rpartition(b"\n")
-    if not check.startswith(b"crc32=") or not body:
+def _unframe(chunk: bytes) -> bytes:
+    """The JSON of a framed record or slot (its first line), checked against
+    the CRC-32 on the line after it; :class:`ValueError` otherwise."""
+    body, _, rest = chunk.partition(b"\n")
+    check = rest[:15]
+    if not check.startswith(b"crc32=") or not body.strip(b" \0"):
         raise ValueError("no record (an empty or foreign file)")
     try:
         crc = int(check[6:14], 16)
@@ -166,17 +168,67 @@ def decode(raw: bytes) -> dict[str, object]:
         raise ValueError("a bad checksum line") from None
     if zlib.crc32(body) != crc:
         raise ValueError("the checksum does not match (torn or edited)")
+    return body
+
+
+def _loads(body: bytes) -> object:
     try:
-        record = json.loads(
+        return json.loads(
             body, parse_constant=_no_constant, parse_float=_finite, parse_int=_small_int
         )
     except (ValueError, RecursionError):
         raise ValueError("not JSON (or numbers out of range, or nested too deep)") from None
+
+
+def decode(raw: bytes) -> dict[str, object]:
+    """The record in ``raw``, checked; :class:`ValueError` with a short
+    reason for anything else (torn, foreign, malformed). Strict JSON only:
+    no NaN or Infinity, no number of more than 20 digits, no nesting deep
+    enough to exhaust the parser; nothing in ``raw`` raises anything else.
+
+    A process record may have pin slots after its head (``"slots":
+    [offset, size, count]``): each is blank or one pin framed as the head
+    is, with its own CRC-32; their pins join the head's ``pins``."""
+    record = _loads(_unframe(raw))
     if not isinstance(record, dict) or type(record.get("version")) is not int:
         raise ValueError(f"not a version-{VERSION} record")
     if record["version"] != VERSION:
         raise ValueError(f"not a version-{VERSION} record")
+    if "slots" in record:
+        _read_slots(raw, record)
     return record
+
+
+def _read_slots(raw: bytes, record: dict[str, object]) -> None:
+    layout = record.pop("slots")
+    if (
+        not isinstance(layout, list)
+        or len(layout) != 3
+        or any(type(v) is not int for v in layout)
+        or not 0 < layout[0] <= MAX_SIZE
+        or not 64 <= layout[1] <= SLOT
+        or not 0 <= layout[2] <= MAX_SIZE // 64
+        or layout[0] + layout[1] * layout[2] > min(len(raw), MAX_SIZE)
+    ):
+        raise ValueError("slots is not an offset, a size and a count within the file")
+    offset, size, count = layout
+    pins = record.get("pins")
+    if not isinstance(pins, list):
+        raise ValueError("pins is not a list")
+    by_tid: dict[object, object] = {}
+    for at in range(offset, offset + size * count, size):
+        chunk = raw[at : at + size]
+        if not chunk.strip(b" \0"):
+            continue
+        pin = _loads(_unframe(chunk))
+        if not isinstance(pin, dict):
+            raise ValueError("a pin is not an object")
+        by_tid[pin.get("tid")] = pin
+    if by_tid:
+        # A pin is in one place; while the head is rewritten it may show in
+        # both for an instant, and its slot is the newer.
+        pins[:] = [p for p in pins if not isinstance(p, dict) or p.get("tid") not in by_tid]
+        pins.extend(by_tid.values())
 
 
 class Pinned(NamedTuple):

@@ -13,10 +13,19 @@ also where each one says what it pinned, with no daemon:
   record that parses.
 - **a process's record** (``cpupin-proc-<pid>-<start>.json``) lists the
   threads it pinned on purpose: tid, name, CPUs and role (``step``,
-  ``result``, or the runtime's word). Like a server's, it is a fixed slot
-  with a CRC-32, written with one ``pwrite`` to a file kept open whenever a
-  pin is made or released (a new file renamed into place when it is made or
-  outgrows its slot), and removed at exit.
+  ``result``, or the runtime's word). It is a file mapped shared
+  (``MAP_SHARED``; no descriptor kept): a head, framed like a server's
+  record (what the process says of itself, and where its pin slots are),
+  then a slot of :data:`PIN_SLOT` bytes for each pin, framed with its own
+  CRC-32. A pin made or released is one store into its slot, with no system
+  call; a reader that races it sees that slot's checksum fail and reads
+  again, never a torn pin that parses. The whole record is rewritten, with
+  every check (the file still under its name, the lock directory, the
+  pools), when the process says something new of itself, when a thread
+  starts through cpupin, when the slots run out, and at most every
+  :data:`FULL_EVERY_S` seconds when pins change; a new file (written whole,
+  then renamed into place) when it is made or outgrows its layout. It is
+  removed at exit.
 
 Reading lives in :mod:`cpupin.registry.reader` (with the removal of what
 dead processes left in :mod:`cpupin.registry.prune`), which a process that
@@ -40,12 +49,12 @@ import atexit
 import errno
 import json
 import os
-import resource
 import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from cpupin import _native
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
 from cpupin.host._proc import start_time
@@ -57,6 +66,7 @@ from cpupin.registry._record import (
     MAX_PINS,
     MAX_RECORDS,
     MAX_SIZE,
+    PIN_SLOT,
     PROC_LOCKS,
     SLOT,
     VERSION,
@@ -102,26 +112,46 @@ __all__ = [
 _lock = threading.RLock()
 # Where this process's record is (directory, name), when it has one.
 _written: tuple[str, str] | None = None
-# The record file, kept open for its pwrites, the size of its slot, and its
-# device and inode: a runtime that daemonizes or calls os.closerange() closes
-# the descriptor, and the number then names whatever it opens next, so it is
-# trusted only while it still names this file.
-_fd = -1
-_slot = 0
-_fd_id: tuple[int, int] | None = None
+# The record file, mapped shared, and its device and inode. No descriptor is
+# kept: a runtime that daemonizes or calls os.closerange() can neither close
+# it nor have cpupin write into a file of its own under a reused number.
+_file: _native.SharedFile | None = None
+_file_id: tuple[int, int] | None = None
+# Its layout: a head of _head bytes (the JSON of everything but the pins
+# that have slots), then _nslots pin slots of PIN_SLOT bytes; which slot
+# holds which thread's pin, and the slots free (the lowest last).
+_head = 0
+_nslots = 0
+_slot_of: dict[int, int] = {}
+_free: list[int] = []
+# The threads whose pins are in the head (no slot held them).
+_in_head: set[int] = set()
+# When a pin's update next rewrites the whole record with its checks (the
+# file still under its name, the pools, the time), and the lock directory
+# variable the record was last written under: a pin between two such
+# rewrites is one store into its slot.
+_full_due = 0.0
+_env_seen: object = None
+#: How often, at most, a pin's update waits for the whole record's checks.
+FULL_EVERY_S = 1.0
+#: The pin slots of a new record (doubled as pins need them).
+MIN_SLOTS = 16
+_BLANK = b" " * PIN_SLOT
 # This process's pid, start time and uid, read once (a forked child reads its own).
 _me: tuple[int, int, int] | None = None
 # Set at exit: threads still pinning (daemons) write no record afterwards.
 _closed = False
 # The lock directories already warned about, so that each says why once.
 _warned: set[str] = set()
-# Each pin's JSON, made once (a record is these joined), plain and compact.
+# Each pin's JSON, made once (a record is these joined), plain and compact;
+# and its slot's bytes (framed and padded), or None when it fits no slot.
 _fragments: dict[tuple[Pinned, bool], str] = {}
+_slot_texts: dict[Pinned, bytes | None] = {}
 #: ``CPUPIN_REGISTRY=0`` keeps this process from writing its record.
 _disabled = os.environ.get("CPUPIN_REGISTRY") == "0"
 # The pins last registered, and what the process says of itself beside them
 # (its role, its step clocks' figures, its notes): a record carries both.
-_pins: list[Pinned] = []
+_pins: dict[int, Pinned] = {}
 _about: dict[str, Any] = {}
 #: The most notes a record keeps, and the longest one.
 MAX_NOTES = 16
@@ -159,8 +189,100 @@ def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
     cannot take the record logs why once, at warning level, and the pins
     stand."""
     with _lock:
-        _pins[:] = sorted(pins)
+        _pins.clear()
+        for pin in sorted(pins):
+            _pins[pin.tid] = pin
         _write(directory)
+
+
+def update_pin(tid: int, pin: Pinned | None, now: float) -> bool:
+    """Record that thread ``tid`` is now pinned as ``pin`` (``None``: no
+    longer pinned) with one store into the record's mapping: its slot, or a
+    free one. ``now`` is :func:`time.monotonic`'s. Called with :data:`_lock`
+    held (:mod:`cpupin.threads.pins` holds it: its pins' lock is this one).
+
+    ``False`` when that cannot be (no record yet, no free slot, a pin too
+    long for a slot, the lock directory variable changed, or the whole
+    record's checks are due: at most every :data:`FULL_EVERY_S` seconds):
+    the caller then writes the whole record with :func:`register_pins`. A
+    reader that races the store sees the slot's checksum fail and reads
+    again."""
+    global _busy
+    file = _file
+    if file is None or _closed or now >= _full_due or _env_lock_dir() != _env_seen or _busy:
+        return False
+    if tid in _in_head:
+        return False  # its pin is in the head: the whole record, or both show
+    at = _slot_of.get(tid)
+    if pin is None:
+        if at is None:
+            return True  # not pinned: nothing to record
+        text = _BLANK
+    else:
+        made = _slot_texts.get(pin, _BLANK)
+        if made is _BLANK:
+            made = _slot_text(pin)
+        if made is None:
+            return False
+        text = made
+        if at is None:
+            if not _free:
+                return False
+            at = _free.pop()
+    # A signal handler that writes the whole record while this runs waits
+    # for its end (it would lay the slots out anew under this store).
+    _busy = True
+    try:
+        start = _head + at * PIN_SLOT
+        file.view[start : start + PIN_SLOT] = text
+        if pin is None:
+            del _slot_of[tid]
+            _free.append(at)
+            _pins.pop(tid, None)
+        else:
+            _slot_of[tid] = at
+            _pins[tid] = pin
+    finally:
+        _busy = False
+    if _deferred:
+        _write(_deferred.pop())
+        _deferred.clear()
+    return True
+
+
+# A store under way (update_pin), and the whole-record writes asked for
+# meanwhile (their directories), done when it ends.
+_busy = False
+_deferred: list[str | None] = []
+
+
+def _text_of(pin: Pinned) -> bytes | None:
+    text = _slot_texts.get(pin, _BLANK)
+    return _slot_text(pin) if text is _BLANK else text
+
+
+def _slot_text(pin: Pinned) -> bytes | None:
+    """A pin's slot: its JSON (CPU lists as ranges) framed with its CRC-32
+    and padded, or ``None`` when it is longer than :data:`PIN_SLOT`."""
+    framed = frame(_fragment(pin, compact=True).encode())
+    text = framed.ljust(PIN_SLOT, b" ") if len(framed) <= PIN_SLOT else None
+    if len(_slot_texts) > MAX_PINS:
+        _slot_texts.clear()
+    _slot_texts[pin] = text
+    return text
+
+
+# os.environ.get costs a microsecond when the variable is unset (a KeyError
+# inside); its mapping of bytes does not.
+_environ_bytes = getattr(os.environ, "_data", None)
+_ENV_KEY = ENV_LOCK_DIR.encode()
+
+
+def _env_lock_dir() -> object:
+    """The lock directory variable as it is now, cheaply."""
+    if _environ_bytes is not None:
+        return _environ_bytes.get(_ENV_KEY)
+    return os.environ.get(ENV_LOCK_DIR)
 
 
 def describe_process(
@@ -246,36 +368,102 @@ def step_figures(clock: Any) -> dict[str, Any]:
 
 
 def _write(directory: str | None) -> None:
-    """Write the record (under the lock) of :data:`_pins` and :data:`_about`."""
+    """Write the whole record (under the lock) of :data:`_pins` and
+    :data:`_about`: into its mapping when its layout still holds it and its
+    file is still under its name, else as a new file."""
+    global _full_due, _env_seen
     if _disabled or _closed:
         return
+    if _busy:
+        _deferred.append(directory)
+        return
+    env = _env_lock_dir()
     where = lock_dir(directory)
     if _written is not None and _written[0] != where:
         _remove()  # the directory changed: the old record goes
-    listed = _pins
-    if not listed and not _about and _fd < 0:
+    if not _pins and not _about and _file is None:
         return  # no record, and nothing to record
     # A record with no pins left stays (until exit) rather than go: the
-    # next pin is then one pwrite, not a new file.
+    # next pin is then one store, not a new file.
     _about["pools"] = _pools_now()
-    data = _record_bytes(listed)
-    if _fd >= 0 and len(data) <= _slot and _room(_slot) and _in_place(where):
-        try:
-            _write_all(_fd, data.ljust(_slot, b" "), 0)
-            _wrote(listed, len(data))
-            return
-        except OSError as exc:
-            _failed(where, exc)
-            return
+    slotted, overflow, nslots = _layout()
+    head, data, about = _head_bytes(overflow, nslots)
+    # The next update waits for these checks again; a pin's store goes
+    # where the variable named when they were made.
+    _full_due = time.monotonic() + FULL_EVERY_S
+    _env_seen = env if where == lock_dir() else _NOWHERE
+    if _file is not None and head == _head and nslots == _nslots and _in_place(where):
+        _file.view[0:head] = data.ljust(head, b" ")
+        _file.view[head : head + nslots * PIN_SLOT] = _slot_area(slotted, nslots)
+        _slot_of.clear()
+        _slot_of.update(slotted)
+        _free[:] = _free_slots(slotted, nslots)
+        _wrote(overflow, about)
+        return
     try:
         dir_fd = open_lock_dir(where)
     except OSError as exc:
         _warn_once(where, exc.strerror or str(exc))
         return
     try:
-        _create(dir_fd, where, data)
+        _create(dir_fd, where, head, nslots, data, slotted, overflow, about)
     finally:
         os.close(dir_fd)
+
+
+_NOWHERE = object()
+
+
+def _layout() -> tuple[dict[int, int], list[Pinned], int]:
+    """Where each pin goes: a slot (the one it has, else a free one; slots
+    double as pins need them, within what a reader reads), or the head."""
+    fits = {tid for tid, pin in _pins.items() if _text_of(pin) is not None}
+    nslots = _nslots if _file is not None else 0
+    if len(fits) > nslots:
+        nslots = max(MIN_SLOTS, 1 << (len(fits) - 1).bit_length())
+    nslots = max(_nslots if _file is not None else 0, min(nslots, (MAX_SIZE - SLOT) // PIN_SLOT))
+    slotted = {tid: at for tid, at in _slot_of.items() if tid in _pins and at < nslots}
+    slotted = {tid: at for tid, at in slotted.items() if tid in fits}
+    free = _free_slots(slotted, nslots)
+    overflow = []
+    for tid in sorted(_pins):
+        if tid in slotted:
+            continue
+        if free and tid in fits:
+            slotted[tid] = free.pop()
+        else:
+            overflow.append(_pins[tid])
+    return slotted, overflow, nslots
+
+
+def _free_slots(slotted: dict[int, int], nslots: int) -> list[int]:
+    used = set(slotted.values())
+    return [at for at in range(nslots - 1, -1, -1) if at not in used]
+
+
+def _slot_area(slotted: dict[int, int], nslots: int) -> bytes:
+    area = bytearray(_BLANK * nslots)
+    for tid, at in slotted.items():
+        text = _text_of(_pins[tid])
+        assert text is not None
+        area[at * PIN_SLOT : (at + 1) * PIN_SLOT] = text
+    return bytes(area)
+
+
+def _head_bytes(overflow: list[Pinned], nslots: int) -> tuple[int, bytes, dict[str, Any]]:
+    """The head's size and bytes (the pins without slots, everything else,
+    and where the slots are), and what it says beside its pins. It keeps
+    the size it has while that holds it, else takes whole :data:`SLOT`
+    units, within what a reader reads."""
+    room = MAX_SIZE - nslots * PIN_SLOT
+    head = _head if _file is not None else SLOT
+    for _ in range(4):
+        about = {**_about, "slots": [head, PIN_SLOT, nslots]}
+        data = _record_bytes(overflow, about, room)
+        if len(data) <= head:
+            return head, data, about
+        head = min(-(-len(data) // SLOT) * SLOT, room)
+    return max(head, len(data)), data, about
 
 
 # The pools last recorded, the threads they were read from, and their JSON:
@@ -316,74 +504,50 @@ def threads_changed() -> None:
         _write(_written[0])
 
 
-def _ours() -> bool:
-    """Whether the kept descriptor still names the record file (not a file
-    the application opened under a number it closed for us); when it does
-    not, the number is forgotten, never written to or closed."""
-    global _fd, _slot, _fd_id
-    if _fd < 0:
-        return False
-    try:
-        st = os.fstat(_fd)
-    except OSError:
-        st = None
-    if st is not None and (st.st_dev, st.st_ino) == _fd_id:
-        return True
-    _fd, _slot, _fd_id = -1, 0, None
-    return False
-
-
 def _in_place(where: str) -> bool:
-    """Whether the kept descriptor is ours and its file is still this
-    process's record under its name in ``where`` (not removed, renamed away,
-    or left behind in a directory swapped for another): else a new record
-    file is made, so that ``ps`` never loses the process for good."""
-    if not _ours() or _written is None:
+    """Whether the mapped file is still this process's record under its
+    name in ``where`` (not removed, renamed away, replaced, or left behind
+    in a directory swapped for another): else a new record file is made,
+    so that ``ps`` never loses the process for good."""
+    if _file is None or _written is None:
         return False
     try:
         st = os.stat(os.path.join(where, _written[1]), follow_symlinks=False)
     except OSError:
         return False
-    return (st.st_dev, st.st_ino) == _fd_id
+    return (st.st_dev, st.st_ino) == _file_id
 
 
-def _room(size: int) -> bool:
-    """Whether a file of ``size`` bytes may be written whole: a pwrite in
-    place cut short by RLIMIT_FSIZE would tear the good record, so under a
-    smaller limit the record goes through a new file, which fails whole."""
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    return limit == resource.RLIM_INFINITY or limit >= size
-
-
-def _record_bytes(listed: list[Pinned]) -> bytes:
-    """The record of ``listed`` and :data:`_about`. One that would outgrow a
-    slot writes its CPU lists as ranges and its names unescaped; one that
-    would still pass :data:`MAX_SIZE` (the most a reader reads) lists the
-    pins that fit, with a note of how many it left out, so that the
-    process never vanishes from ``ps``."""
+def _record_bytes(listed: list[Pinned], about: dict[str, Any], room: int = MAX_SIZE) -> bytes:
+    """The head of a record of ``listed`` (the pins without slots) and
+    ``about``. One that would outgrow a :data:`SLOT` writes its CPU lists as
+    ranges and its names unescaped; one that would still pass ``room`` (what
+    a reader reads, less the slots) lists the pins that fit, with a note of
+    how many it left out, so that the process never vanishes from ``ps``."""
     global _me
     if _me is None:
         pid = os.getpid()
         _me = (pid, start_time(pid) or 0, os.geteuid())
-    data = _assemble([_fragment(p) for p in listed], dict(_about))
+    data = _assemble([_fragment(p) for p in listed], about)
     if len(data) <= SLOT:
         return data
     pins = [_fragment(p, compact=True) for p in listed]
-    about: dict[str, Any] = {k: compact(v) for k, v in _about.items()}
+    about = {k: compact(v) for k, v in about.items()}
     data = _assemble(pins, about)
-    if len(data) <= MAX_SIZE:
+    if len(data) <= room:
         return data
     # Keep the pins that fit, the first first, and say how many did not.
-    room = MAX_SIZE - len(_assemble([], about)) - 2 * MAX_NOTE
+    left = room - len(_assemble([], about)) - 2 * MAX_NOTE
     kept = 0
     for text in pins:
-        room -= len(text.encode()) + 1
-        if room < 0:
+        left -= len(text.encode()) + 1
+        if left < 0:
             break
         kept += 1
-    notes = [str(n) for n in _about.get("notes", [])][: MAX_NOTES - 1]
+    notes = [str(n) for n in about.get("notes", [])][: MAX_NOTES - 1]
+    total = max(len(_pins), len(pins))  # the others have slots
     notes.append(
-        f"{len(pins) - kept} of {len(pins)} pins left out: a record holds at most {MAX_SIZE} bytes"
+        f"{len(pins) - kept} of {total} pins left out: a record holds at most {MAX_SIZE} bytes"
     )
     return _assemble(pins[:kept], {**about, "notes": notes})
 
@@ -422,15 +586,23 @@ def _json_of(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _create(dir_fd: int, where: str, data: bytes) -> None:
-    """A new record file with a slot that holds ``data``, renamed into place
-    over the old one (or under the next free name), and kept open."""
-    global _written, _fd, _slot, _fd_id
+def _create(
+    dir_fd: int,
+    where: str,
+    head: int,
+    nslots: int,
+    data: bytes,
+    slotted: dict[int, int],
+    overflow: list[Pinned],
+    about: dict[str, Any],
+) -> None:
+    """A new record file of ``data`` in a head of ``head`` bytes and
+    ``nslots`` pin slots, mapped, then renamed into place over the old one
+    (or under the next free name). Written whole before it is named: a full
+    disk or a file size limit fails it whole, and the old record stays."""
+    global _written, _file, _file_id, _head, _nslots
     assert _me is not None
     pid, started, _ = _me
-    slot = SLOT
-    while slot < len(data):
-        slot *= 2
     # An unpredictable temporary name: another user who made the name ahead
     # (for pids to come) would otherwise keep this process from ever
     # writing its record.
@@ -448,13 +620,15 @@ def _create(dir_fd: int, where: str, data: bytes) -> None:
         return
     try:
         os.fchmod(fd, 0o644)
-        _write_all(fd, data.ljust(slot, b" "))
+        _write_all(fd, data.ljust(head, b" ") + _slot_area(slotted, nslots))
         st = os.fstat(fd)
+        mapped = _native.SharedFile(fd, head + nslots * PIN_SLOT)
     except OSError as exc:
-        os.close(fd)
         _unlink(dir_fd, tmp)
         _failed(where, exc)
         return
+    finally:
+        os.close(fd)
     names = _names(pid, started)
     if _written is not None and _written[1] in names:
         names.remove(_written[1])
@@ -469,61 +643,59 @@ def _create(dir_fd: int, where: str, data: bytes) -> None:
         if _written is not None and _written != (where, name):
             _remove(dir_fd)
         _close()
-        _written, _fd, _slot = (where, name), fd, slot
-        _fd_id = (st.st_dev, st.st_ino)
-        _wrote(_pins, len(data))
+        _written, _file, _file_id = (where, name), mapped, (st.st_dev, st.st_ino)
+        _head, _nslots = head, nslots
+        _slot_of.update(slotted)
+        _free[:] = _free_slots(slotted, nslots)
+        _wrote(overflow, about)
         return
-    os.close(fd)
+    mapped.close()
     _unlink(dir_fd, tmp)
     _warn_once(where, f"no record: {why}; another user has squatted every name of it")
 
 
-# What the record on disk says (its pins and the rest) and its length: an
-# update that cannot be written marks that record out of date instead.
-_good: tuple[list[Pinned], dict[str, Any], int] | None = None
+# What the head on disk says (its pins and the rest): an update that cannot
+# be written marks that head out of date instead.
+_good: tuple[list[Pinned], dict[str, Any]] | None = None
 
 
-def _wrote(listed: list[Pinned], length: int) -> None:
+def _wrote(overflow: list[Pinned], about: dict[str, Any]) -> None:
     global _good
-    _good = (list(listed), dict(_about), length)
+    _good = (list(overflow), about)
+    _in_head.clear()
+    _in_head.update(p.tid for p in overflow)
 
 
 def _failed(where: str, exc: OSError) -> None:
-    """An update could not be written (a full disk, a file size limit):
-    rewrite the record on disk as it was, marked out of date with why (in
-    place, within its length and the limit, so that the write cannot be cut
-    short), and warn once, saying what ``ps`` shows."""
+    """An update could not be written (a full disk, a file size limit, no
+    memory to map it): rewrite the head as it was, marked out of date with
+    why (a store into the mapping, which no limit cuts short; the slots
+    keep the pins they hold), and warn once, saying what ``ps`` shows."""
     why = f"cannot write a record there: {exc.strerror}"
     shown = "no record of this process"
-    if _good is not None and _ours():
-        listed, about, length = _good
+    if _good is not None and _file is not None:
+        listed, about = _good
         about = {**about, "out_of_date": printable(f"an update failed: {exc.strerror}", 120)}
         pins = [_fragment(p) for p in listed]
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        room = _slot if limit == resource.RLIM_INFINITY else min(_slot, limit)
         data = _assemble(pins, about)
-        while len(data) > room and pins:
+        while len(data) > _head and pins:
             pins.pop()  # the mark takes room: the last pins make way for it
             data = _assemble(pins, about)
-        size = max(len(data), length)
-        if size <= room:
-            try:
-                _write_all(_fd, data.ljust(size, b" "), 0)
-                shown = "the record written before, marked out of date"
-            except OSError:
-                pass
+        if len(data) <= _head:
+            _file.view[0:_head] = data.ljust(_head, b" ")
+            shown = "the record written before, marked out of date"
     _warn_once(where, f"{why}; cpupin ps shows {shown}")
 
 
 def _close() -> None:
-    """Close the kept descriptor, only while it is still ours."""
-    global _fd, _slot, _fd_id
-    if _ours():
-        try:
-            os.close(_fd)
-        except OSError:
-            pass
-    _fd, _slot, _fd_id = -1, 0, None
+    """Unmap the record file (its name stays: see :func:`_remove`)."""
+    global _file, _file_id, _head, _nslots
+    if _file is not None:
+        _file.close()
+    _file, _file_id, _head, _nslots = None, None, 0, 0
+    _slot_of.clear()
+    _free.clear()
+    _in_head.clear()
 
 
 def _unlink(dir_fd: int, name: str) -> None:
@@ -581,10 +753,13 @@ def _after_fork_in_child() -> None:
     # The child is another process: its parent's record is not its own (its
     # descriptor goes, without touching the file), and a lock another thread
     # held at the fork would never be released.
-    global _written, _lock, _me, _closed, _good
-    _close()
+    global _written, _lock, _me, _closed, _good, _full_due, _env_seen, _busy
+    _close()  # unmaps the child's copy of the mapping only
+    _busy = False
+    _deferred.clear()
     _written = _me = None
     _good = None
+    _full_due, _env_seen = 0.0, None
     _closed = False
     _lock = threading.RLock()
     _pins.clear()

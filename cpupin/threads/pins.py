@@ -44,8 +44,9 @@ __all__ = [
 # The registered pins: tid to (CPUs, role, name, start time).
 _pins: dict[int, tuple[frozenset[int], str, str, int | None]] = {}
 # Re-entrant: a signal handler (a runtime's SIGTERM handler releasing its
-# pins) runs in the thread it interrupted, which may hold it.
-_pins_lock = threading.RLock()
+# pins) runs in the thread it interrupted, which may hold it. The record's
+# lock: a pin and its record change together, with one lock taken.
+_pins_lock = registry._lock
 _warmups: list[Callable[[], object]] = []
 # Whether this thread is publishing (a signal handler's publish inside it
 # leaves the writing to the outer loop) and whether the pins changed since.
@@ -79,9 +80,10 @@ def _after_fork_in_child() -> None:
     # The child is a new process with one thread: a lock another thread held
     # at the fork would never be released, and the parent's pins are not
     # the child's (its one thread has a new tid).
-    global _pins_lock, _publishing, _dirty
-    _pins_lock = threading.RLock()
+    global _pins_lock, _publishing, _dirty, _sentinels
+    _pins_lock = registry._lock  # the record's, made anew in the child first
     _pins.clear()
+    _sentinels = threading.local()  # the thread's tid is the child's own
     _gone.clear()
     _publishing = _dirty = False
 
@@ -168,20 +170,23 @@ class Pin:
         self._released = True
         # The mask and the registry change under the lock that
         # stray_threads() reads them under: it never sees one without the other.
-        with _pins_lock:
-            try:
-                if self.tid == _native.gettid():
-                    _native.set_affinity(self.previous)
-                elif _alive(self.tid, self._started):
-                    try:
-                        _native.set_affinity(self.previous, self.tid)
-                    except ProcessLookupError:
-                        pass  # exited just now
-                # else: the thread is gone; the tid may name another task now
-            finally:
-                if self.tid in _pins and _pins[self.tid][0] == self.cpus:
-                    del _pins[self.tid]
-                    _publish()
+        # (acquire and release, not ``with``: a third of the cost here.)
+        _pins_lock.acquire()
+        try:
+            if self.tid == _native.gettid():
+                _native.set_affinity(self.previous)
+            elif _alive(self.tid, self._started):
+                try:
+                    _native.set_affinity(self.previous, self.tid)
+                except ProcessLookupError:
+                    pass  # exited just now
+            # else: the thread is gone; the tid may name another task now
+        finally:
+            pinned = _pins.get(self.tid)
+            if pinned is not None and pinned[0] == self.cpus:
+                _pins.pop(self.tid, None)  # a signal handler's release may be first
+                _publish(self.tid)
+            _pins_lock.release()
 
     def check(self) -> Drift | None:
         """Whether the thread is still on its pin: ``None``, else the
@@ -224,9 +229,15 @@ def _drift(
     return Drift(tid, name, role, cpus, now, likely_cause(now, mask, os.environ, nccl))
 
 
+# Sets of CPUs already checked, and the process mask they were checked within.
+_within: dict[frozenset[int], frozenset[int]] = {}
+
+
 def _checked(cpus: Iterable[int] | str) -> frozenset[int]:
-    wanted = _native.cpu_set(cpus)
     mask = process_cpus()
+    if type(cpus) is frozenset and _within.get(cpus) is mask:
+        return cpus  # checked before, within this same process mask
+    wanted = _native.cpu_set(cpus)
     if not wanted:
         raise ValueError(
             f"an empty set of CPUs to pin to: name CPUs of the process mask {format_cpulist(mask)}"
@@ -236,6 +247,10 @@ def _checked(cpus: Iterable[int] | str) -> frozenset[int]:
             f"{cpus_phrase(wanted - mask, 'is')} outside the process mask "
             f"{format_cpulist(mask)}: pin to CPUs of cpupin.process_cpus()"
         )
+    if type(cpus) is frozenset:
+        if len(_within) >= 256:
+            _within.clear()
+        _within[cpus] = mask
     return wanted
 
 
@@ -250,34 +265,38 @@ def pin_current_thread(
     ``"result"``, or the runtime's own word) goes into the host's registry,
     where ``cpupin ps`` and ``cpupin audit`` find the pin."""
     wanted = _checked(cpus)
-    if not isinstance(role, str) or not role or len(role) > 32:
-        raise ValueError(f"role={excerpt(role)}: give a short word such as 'step' or 'result'")
+    if type(role) is not str or not 0 < len(role) <= 32:
+        if not isinstance(role, str) or not role or len(role) > 32:
+            raise ValueError(f"role={excerpt(role)}: give a short word such as 'step' or 'result'")
     if name is not None:
         _name_current_thread(name)
-    tid = _native.gettid()
-    started = _native.thread_start_time()
+    try:
+        tid, started, thread = _sentinels.me
+    except AttributeError:
+        tid = _native.gettid()
+        started = _native.thread_start_time()
+        thread = threading.current_thread()
+        _sentinels.me = (tid, started, thread)
+        _sentinels.gone = _ThreadGone((tid, started))
     # The name Python knows (a thread started from C or _thread gets a
     # placeholder), else the kernel's.
-    label = threading.current_thread().name
-    kept = getattr(_sentinels, "by_tid", None)
-    if kept is None:
-        kept = _sentinels.by_tid = {}
-    if tid not in kept:
-        kept[tid] = _ThreadGone((tid, started))
+    label = thread.name
     # Pinned and registered under the lock stray_threads() reads under.
-    with _pins_lock:
-        previous = _native.get_affinity()
-        _native.set_affinity(wanted)
+    _pins_lock.acquire()
+    try:
+        previous = _native.swap_affinity(wanted)
         _pins[tid] = (wanted, role, label, started)
-        _publish()
-    return Pin(tid, wanted, previous, _started=started)
+        _publish(tid)
+    finally:
+        _pins_lock.release()
+    return Pin(tid, wanted, previous, False, started)
 
 
 def _alive(tid: int, started: int | None) -> bool:
     return started is not None and start_time(0, tid) == started
 
 
-def _publish() -> None:
+def _publish(changed: int | None = None) -> None:
     """This process's record of its pins in the lock directory (called with
     _pins_lock held): what ``cpupin ps`` and audits read from outside.
 
@@ -287,8 +306,25 @@ def _publish() -> None:
     the others are checked in ``/proc/self/task`` with their start times
     (for threads started from C or ``_thread``). A
     publish inside another (a signal handler's) leaves the writing to the
-    outer one, which writes again with what changed."""
+    outer one, which writes again with what changed.
+
+    ``changed``: the one thread whose pin changed, when that is all: its
+    slot in the record is then one store (:func:`cpupin.registry.writer.update_pin`)."""
     global _publishing, _dirty, _last_sweep
+    if changed is not None and not _publishing and not _gone:
+        # The common case: one pin changed, nothing else to do but store it.
+        now = time.monotonic()
+        if now - _last_sweep < SWEEP_S:
+            if registry._disabled:
+                return
+            entry = _pins.get(changed)
+            one = None if entry is None else _pinned(changed, entry[2], entry[0], entry[1])
+            _publishing, _dirty = True, False
+            try:
+                if registry.update_pin(changed, one, now) and not _dirty:
+                    return
+            finally:
+                _publishing = False
     _dirty = True
     if _publishing:
         return
@@ -310,6 +346,8 @@ def _publish() -> None:
                 for tid, pin in list(_pins.items()):
                     if tid != me and not _alive(tid, pin[3]):
                         _pins.pop(tid, None)
+            if registry._disabled:
+                break
             registry.register_pins(
                 [
                     registry.Pinned(tid, name, cpus, role)
@@ -318,6 +356,12 @@ def _publish() -> None:
             )
     finally:
         _publishing = False
+
+
+def _pinned(tid: int, name: str, cpus: frozenset[int], role: str) -> registry.Pinned:
+    """A :class:`~cpupin.registry.writer.Pinned` made without its
+    constructor's keyword handling (a third of a pin's cost)."""
+    return tuple.__new__(registry.Pinned, (tid, name, cpus, role))
 
 
 def _name_current_thread(name: str) -> None:

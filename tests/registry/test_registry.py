@@ -484,7 +484,8 @@ def test_a_read_torn_inside_the_checksum_line_is_read_again(monkeypatch):
     from cpupin.registry._record import VERSION, frame
 
     good = frame(json.dumps({"version": VERSION, "pid": 1}).encode(), 4096)
-    torn = good[: len(good) // 2] + b"2=0badf00d\n"  # a new head, an old tail
+    cut = good.index(b"crc32=") + 8
+    torn = good[:cut] + b"0badf00d\n"  # a new head, an old tail, inside the line
     reads = iter([torn, good])
     calls = []
 
