@@ -15,8 +15,8 @@ import argparse
 import importlib
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from cpupin import __version__
 from cpupin.errors import excerpt
@@ -64,16 +64,60 @@ exit codes:
 """
 
 
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` finds it
+    (``$COLUMNS``, else standard output's terminal, else 80), without
+    importing shutil: argparse makes a formatter for every argument it adds,
+    and each would import it (2 ms of every run, ``exec``'s included)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else 80
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's formatter, its width found by :func:`_columns`."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        if kwargs.get("width") is None:
+            kwargs["width"] = _columns() - 2
+        super().__init__(prog, **kwargs)
+
+
+class RawFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter of descriptions as written, its width found by
+    :func:`_columns`."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        if kwargs.get("width") is None:
+            kwargs["width"] = _columns() - 2
+        super().__init__(prog, **kwargs)
+
+
+class Parser(argparse.ArgumentParser):
+    """A subcommand's parser: :class:`Formatter` unless it names another."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(**kwargs)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or of subcommand ``only`` alone."""
     parser = argparse.ArgumentParser(
         prog="cpupin",
         description="Pin the threads of a GPU model-serving runtime to the right CPUs.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawFormatter,
         epilog=EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"cpupin {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     modules = (MODULE_OF[only],) if only in MODULE_OF else COMMANDS
     for name in modules:
         importlib.import_module(f".{name}", __name__).register(sub)
@@ -121,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - no traceback reaches a user
         if os.environ.get("CPUPIN_DEBUG") == "1":
             raise
+        import traceback  # here: every run but a failed one goes without
+
         where = traceback.extract_tb(exc.__traceback__)[-1]
         print(
             f"{name}: internal error: {type(exc).__name__}: {excerpt(str(exc), 200)} "

@@ -4,7 +4,6 @@ starts, the host a command looks at, and JSON output."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -144,5 +143,7 @@ def mask_arg(text: str | None, host: Host, mask: frozenset[int]) -> frozenset[in
 def print_json(obj: object) -> None:
     """Strict JSON (no NaN or Infinity: every number a parser accepts;
     control characters and non-ASCII escaped)."""
+    import json  # here: exec, which prints none, starts without it
+
     json.dump(obj, sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")

@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from cpupin.cli import _args
+from cpupin.cli import RawFormatter, _args
 from cpupin.cpulist import MAX_CPUS, format_cpulist, parse_cpulist
 from cpupin.errors import printable
 
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "auto and registered pins use\n  cpupin irqs --cpus 2,3 --apply\n  cpupin irqs "
         "--restore\nexit codes: 0 done (an IRQ the kernel refuses is left, and said); 2 bad "
         "input, or --apply/--restore without root",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawFormatter,
     )
     cmd.add_argument(
         "--cpus",

@@ -6,7 +6,6 @@ names and its limits."""
 from __future__ import annotations
 
 import errno
-import json
 import math
 import os
 import zlib
@@ -85,6 +84,8 @@ def encode(record: Mapping[str, object], size: int | None = SLOT) -> bytes:
     """A record as bytes: its JSON, a line with the JSON's CRC-32, and (with
     ``size``) spaces up to that size. :class:`ValueError` when it does not
     fit."""
+    import json  # here: a process that only pins never needs it
+
     return frame(json.dumps(record, sort_keys=True, separators=(",", ":")).encode(), size)
 
 
@@ -124,6 +125,8 @@ def fit(record: Mapping[str, object]) -> bytes:
     as ranges (a process mask of 1,000 CPUs is then ``"0-999"``, not 4 KiB
     of numbers). :class:`ValueError` past :data:`MAX_SIZE`, the most a
     reader reads, so that the writer never writes what readers refuse."""
+    import json
+
     data = encode(record, None)
     if len(data) > SLOT:
         data = frame(
@@ -172,6 +175,8 @@ def _unframe(chunk: bytes) -> bytes:
 
 
 def _loads(body: bytes) -> object:
+    import json
+
     try:
         return json.loads(
             body, parse_constant=_no_constant, parse_float=_finite, parse_int=_small_int

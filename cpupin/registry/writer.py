@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import atexit
 import errno
-import json
 import os
 import threading
 import time
@@ -209,14 +208,11 @@ def update_pin(tid: int, pin: Pinned | None, now: float) -> bool:
     again."""
     global _busy
     file = _file
-    if file is None or _closed or now >= _full_due or _env_lock_dir() != _env_seen or _busy:
-        return False
+    if now >= _full_due or file is None or _busy or _env_get(_ENV_KEY) != _env_seen:
+        return False  # (closed at exit: no file)
     if tid in _in_head:
         return False  # its pin is in the head: the whole record, or both show
-    at = _slot_of.get(tid)
     if pin is None:
-        if at is None:
-            return True  # not pinned: nothing to record
         text = _BLANK
     else:
         made = _slot_texts.get(pin, _BLANK)
@@ -225,10 +221,16 @@ def update_pin(tid: int, pin: Pinned | None, now: float) -> bool:
         if made is None:
             return False
         text = made
-        if at is None:
-            if not _free:
-                return False
-            at = _free.pop()
+    at = _slot_of.get(tid)
+    if at is None:
+        if pin is None:
+            return True  # not pinned: nothing to record
+        if not _free:
+            return False
+        # A slot of its own, kept when it is released (a thread that pins
+        # again stores into it again) until the record is next laid out.
+        at = _free.pop()
+        _slot_of[tid] = at
     # A signal handler that writes the whole record while this runs waits
     # for its end (it would lay the slots out anew under this store).
     _busy = True
@@ -236,11 +238,8 @@ def update_pin(tid: int, pin: Pinned | None, now: float) -> bool:
         start = _head + at * PIN_SLOT
         file.view[start : start + PIN_SLOT] = text
         if pin is None:
-            del _slot_of[tid]
-            _free.append(at)
             _pins.pop(tid, None)
         else:
-            _slot_of[tid] = at
             _pins[tid] = pin
     finally:
         _busy = False
@@ -273,16 +272,17 @@ def _slot_text(pin: Pinned) -> bytes | None:
 
 
 # os.environ.get costs a microsecond when the variable is unset (a KeyError
-# inside); its mapping of bytes does not.
-_environ_bytes = getattr(os.environ, "_data", None)
-_ENV_KEY = ENV_LOCK_DIR.encode()
+# inside); CPython's mapping of bytes under it, which it keeps up to date,
+# does not.
+_ENV_KEY: Any = ENV_LOCK_DIR.encode()
+_env_get: Any = getattr(getattr(os.environ, "_data", None), "get", None)
+if _env_get is None or not isinstance(next(iter(os.environ._data), b""), bytes):  # type: ignore[attr-defined]
+    _ENV_KEY, _env_get = ENV_LOCK_DIR, os.environ.get
 
 
 def _env_lock_dir() -> object:
     """The lock directory variable as it is now, cheaply."""
-    if _environ_bytes is not None:
-        return _environ_bytes.get(_ENV_KEY)
-    return os.environ.get(ENV_LOCK_DIR)
+    return _env_get(_ENV_KEY)
 
 
 def describe_process(
@@ -486,6 +486,8 @@ def _pools_now() -> list[dict[str, Any]]:
         from cpupin.registry._pool_names import recorded_pools
 
         pools = recorded_pools()
+        import json  # here: a pin's store needs none of it
+
         _pools_read = (key, pools, json.dumps(pools, separators=(",", ":"), ensure_ascii=False))
         return pools
     except Exception:  # noqa: BLE001 - the pins' record never fails for its pools
@@ -559,6 +561,8 @@ def _fragment(p: Pinned, *, compact: bool = False) -> str:
     if text is None:
         if len(_fragments) > MAX_PINS:
             _fragments.clear()
+        import json
+
         cpus: object = format_cpulist(p.cpus) if compact else sorted(p.cpus)
         text = _fragments[key] = json.dumps(
             {"tid": p.tid, "name": p.name[:MAX_NAME], "cpus": cpus, "role": p.role},
@@ -583,6 +587,8 @@ def _json_of(value: Any) -> str:
     read = _pools_read
     if read is not None and value is read[1]:
         return read[2]
+    import json
+
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 

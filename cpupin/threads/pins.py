@@ -62,6 +62,9 @@ _sentinels = threading.local()
 _last_sweep = 0.0
 #: How often a publish checks every other pin's thread in /proc, in seconds.
 SWEEP_S = 1.0
+_monotonic = time.monotonic
+# A Pinned from its four fields, without its constructor's keyword handling.
+_new_pinned = registry.Pinned._make
 
 
 class _ThreadGone:
@@ -313,13 +316,14 @@ def _publish(changed: int | None = None) -> None:
     global _publishing, _dirty, _last_sweep
     if changed is not None and not _publishing and not _gone:
         # The common case: one pin changed, nothing else to do but store it.
-        now = time.monotonic()
+        now = _monotonic()
         if now - _last_sweep < SWEEP_S:
             if registry._disabled:
                 return
             entry = _pins.get(changed)
-            one = None if entry is None else _pinned(changed, entry[2], entry[0], entry[1])
-            _publishing, _dirty = True, False
+            one = None if entry is None else _new_pinned((changed, entry[2], entry[0], entry[1]))
+            _publishing = True
+            _dirty = False
             try:
                 if registry.update_pin(changed, one, now) and not _dirty:
                     return
@@ -356,12 +360,6 @@ def _publish(changed: int | None = None) -> None:
             )
     finally:
         _publishing = False
-
-
-def _pinned(tid: int, name: str, cpus: frozenset[int], role: str) -> registry.Pinned:
-    """A :class:`~cpupin.registry.writer.Pinned` made without its
-    constructor's keyword handling (a third of a pin's cost)."""
-    return tuple.__new__(registry.Pinned, (tid, name, cpus, role))
 
 
 def _name_current_thread(name: str) -> None:

@@ -487,3 +487,18 @@ def test_an_off_plan_of_many_servers_says_it_once(capsys):
     assert out[2].startswith("  all 8 servers pin nothing: step_thread_core is off")
     assert sum("pin nothing" in line or "pins nothing" in line for line in out) == 1
     assert "with auto instead of off" in "\n".join(out)  # what auto would do follows
+
+
+@pytest.mark.parametrize("columns", [None, "50", "200", "0", "-3", "wide"])
+def test_the_help_is_as_wide_as_shutil_would_make_it(columns, monkeypatch):
+    """The parser finds the terminal's width without importing shutil (2 ms
+    of every run); shutil's own answer is the oracle, $COLUMNS or not."""
+    import shutil
+
+    from cpupin import cli
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert cli._columns() == shutil.get_terminal_size().columns
