@@ -23,11 +23,17 @@ def pytest_configure(config):
     """The suite's own lock directory: a test never reads or writes the
     records, locks and journals of the host's other processes in /tmp
     (another suite, a server), and they never see the suite's. A test
-    about the default directory asks for it by name."""
-    if not os.environ.get("CPUPIN_LOCK_DIR"):
+    about the default directory asks for it by name. Each pytest-xdist
+    worker has one of its own: the workers' tests never see each other's."""
+    made = os.environ.get("_CPUPIN_SUITE_LOCKS")
+    if not os.environ.get("CPUPIN_LOCK_DIR") or (
+        os.environ.get("PYTEST_XDIST_WORKER") and os.environ["CPUPIN_LOCK_DIR"] == made
+    ):
         base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
         config._cpupin_locks = tempfile.mkdtemp(prefix="cpupin-suite-locks-", dir=base)
         os.environ["CPUPIN_LOCK_DIR"] = config._cpupin_locks
+        if not os.environ.get("PYTEST_XDIST_WORKER"):
+            os.environ["_CPUPIN_SUITE_LOCKS"] = config._cpupin_locks
 
 
 def pytest_unconfigure(config):

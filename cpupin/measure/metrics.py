@@ -193,9 +193,13 @@ def _collect(
             if skip_gone:
                 continue  # exited since it was listed
             raise
+        # When the threads' figures were read: what follows (the registry,
+        # the stacks of a process's pools) may take a while, and a rate
+        # over a wall time that is not the figures' own is wrong.
+        read_at = time.monotonic_ns()
         if not _is_own(target) and registry is None:
             registry = read_registry()  # once, for every other process
-        _collect_process(target, threads, registry, families, steps, memory_too)
+        _collect_process(target, threads, read_at, registry, families, steps, memory_too)
     for key, *_ in _FAMILIES:
         if memory_too or key not in _MEMORY_FAMILIES:
             yield families[key]
@@ -209,6 +213,7 @@ def _is_own(target: int | None) -> bool:
 def _collect_process(
     target: int | None,
     threads: list[Any],
+    read_at: int,
     registry: Registry | None,
     families: dict[str, Any],
     steps: tuple[Any, Any, Any, Any],
@@ -222,7 +227,7 @@ def _collect_process(
         found = registry if registry is not None else read_registry()
         roles = {p.tid: (p.role, p.cpus) for p in found.pins_of(target or 0)}
         mask, _ = process_mask_of(target or 0, [m for _, m in threads])
-    between = _between_scrapes(target, threads)
+    between = _between_scrapes(target, threads, read_at)
     if between is not None:
         families["wanted"].add_metric([pid], sum(b.runnable_ms_per_s for b in between) / 1000)
     _weight(target, pid, families["weight"])
@@ -451,12 +456,11 @@ _last_scrape: dict[int, tuple[int, dict[int, tuple[int, int]]]] = {}
 _MAX_REMEMBERED = 1024
 
 
-def _between_scrapes(target: int | None, threads: list[Any]) -> list[_Between] | None:
+def _between_scrapes(target: int | None, threads: list[Any], now: int) -> list[_Between] | None:
     """Each thread's run and run-queue wait since the last scrape, in ms a
-    second; ``None`` at a process's first scrape (its pools are then judged
-    by count)."""
+    second (``now``: when ``threads`` were read); ``None`` at a process's
+    first scrape (its pools are then judged by count)."""
     key = os.getpid() if target is None else target
-    now = time.monotonic_ns()
     figures = {st.tid: (st.run_ns, st.wait_ns) for st, _ in threads}
     last = _last_scrape.get(key)
     if len(_last_scrape) >= _MAX_REMEMBERED and key not in _last_scrape:

@@ -210,6 +210,20 @@ def update_pin(tid: int, pin: Pinned | None, now: float) -> bool:
     file = _file
     if now >= _full_due or file is None or _busy or _env_get(_ENV_KEY) != _env_seen:
         return False  # (closed at exit: no file)
+    # From here to the store, a signal handler that writes the whole record
+    # waits for the end (it would lay the slots out anew under this store).
+    _busy = True
+    try:
+        done = _store_pin(file, tid, pin)
+    finally:
+        _busy = False
+    if _deferred:  # what a signal handler asked meanwhile
+        _write(_deferred.pop())
+        _deferred.clear()
+    return done
+
+
+def _store_pin(file: _native.SharedFile, tid: int, pin: Pinned | None) -> bool:
     if tid in _in_head:
         return False  # its pin is in the head: the whole record, or both show
     if pin is None:
@@ -231,21 +245,12 @@ def update_pin(tid: int, pin: Pinned | None, now: float) -> bool:
         # again stores into it again) until the record is next laid out.
         at = _free.pop()
         _slot_of[tid] = at
-    # A signal handler that writes the whole record while this runs waits
-    # for its end (it would lay the slots out anew under this store).
-    _busy = True
-    try:
-        start = _head + at * PIN_SLOT
-        file.view[start : start + PIN_SLOT] = text
-        if pin is None:
-            _pins.pop(tid, None)
-        else:
-            _pins[tid] = pin
-    finally:
-        _busy = False
-    if _deferred:
-        _write(_deferred.pop())
-        _deferred.clear()
+    start = _head + at * PIN_SLOT
+    file.view[start : start + PIN_SLOT] = text
+    if pin is None:
+        _pins.pop(tid, None)
+    else:
+        _pins[tid] = pin
     return True
 
 

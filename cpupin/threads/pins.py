@@ -320,11 +320,15 @@ def _publish(changed: int | None = None) -> None:
         if now - _last_sweep < SWEEP_S:
             if registry._disabled:
                 return
-            entry = _pins.get(changed)
-            one = None if entry is None else _new_pinned((changed, entry[2], entry[0], entry[1]))
+            # Publishing from here: a signal handler's change of the pins
+            # from now on marks them dirty, and the whole record follows.
             _publishing = True
             _dirty = False
             try:
+                entry = _pins.get(changed)
+                one = (
+                    None if entry is None else _new_pinned((changed, entry[2], entry[0], entry[1]))
+                )
                 if registry.update_pin(changed, one, now) and not _dirty:
                     return
             finally:

@@ -21,6 +21,10 @@ from cpupin.host.irqs import IrqOnPin
 from cpupin.registry.journal import journal_name
 from tests.support.helpers import run
 
+# The host's own PM QoS and interrupts: with pytest-xdist, these tests run
+# one at a time on one worker, never beside another that reads or sets them.
+pytestmark = pytest.mark.xdist_group("host")
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "irq-host"
 CPUS = st.frozensets(st.integers(0, 15), min_size=1, max_size=16)
 

@@ -25,6 +25,10 @@ from tests.support.handoffs import fake_handoffs
 from tests.support.helpers import ready_child, run
 from tests.support.wake import REAL, machine_refusal
 
+# The host's own PM QoS and interrupts: with pytest-xdist, these tests run
+# one at a time on one worker, never beside another that reads or sets them.
+pytestmark = pytest.mark.xdist_group("host")
+
 # --- the value format -----------------------------------------------------------
 
 

@@ -23,10 +23,15 @@ from cpupin.registry.journal import read_journal
 from tests.support.helpers import run
 from tests.support.wake import REAL
 
+# The host's own PM QoS and interrupts: with pytest-xdist, these tests run
+# one at a time on one worker, never beside another that reads or sets them.
+pytestmark = pytest.mark.xdist_group("host")
+
 CHILD = """
 import os, signal, sys
 import cpupin
 from cpupin.registry import holds
+
 root, cpus, max_us, phase, kill_at = sys.argv[1:6]
 steps = []
 active = phase == "hold"

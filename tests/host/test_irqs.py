@@ -17,6 +17,10 @@ from cpupin.host.irqs import classify, irqbalance_advice, parse_interrupts, read
 from cpupin.host.shapes import HOSTS, build_tree
 from tests.support.helpers import run
 
+# The host's own PM QoS and interrupts: with pytest-xdist, these tests run
+# one at a time on one worker, never beside another that reads or sets them.
+pytestmark = pytest.mark.xdist_group("host")
+
 
 def write(root, rel, text):
     path = os.path.join(root, rel)

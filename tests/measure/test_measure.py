@@ -78,8 +78,10 @@ def test_two_spinners_on_one_cpu_each_wait_half_the_time():
             child.kill()
             child.wait()
     for s in samples:
-        # Never blocked: running or waiting all the interval, busy host or not.
-        assert 800 < s.cpu_ms_per_s + s.wait_ms_per_s <= 1020
+        # Never blocked: running or waiting all the interval, busy host or not
+        # (the two schedstat reads and the clock are a few ms apart on a busy
+        # host: a rate a few percent past 1000 is that skew, not more time).
+        assert 800 < s.cpu_ms_per_s + s.wait_ms_per_s <= 1050
         # Its one CPU is shared with the other spinner, which runs as much
         # (and with whatever else the host runs there): at most about half
         # of it for each, and a wait of at least about half.

@@ -4,11 +4,14 @@ only when its threads wanted more CPUs than there are (less those spinners
 of other pools hold), and threads that never run change no verdict.
 Prometheus judges between two scrapes the same way."""
 
+import os
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cpupin._native import ThreadStat
 from cpupin.measure import metrics
 from cpupin.pools.census import (
     FITS,
@@ -101,15 +104,46 @@ def test_prometheus_judges_each_scrape_by_the_interval_since_the_last(monkeypatc
     by count); the next, each thread's run and wait since; a thread new
     since, or a tid whose counters went back (reused), is left out."""
     monkeypatch.setattr(metrics, "_last_scrape", {})
-    clock = iter([1_000_000_000, 1_500_000_000, 1_500_000_000])
-    monkeypatch.setattr(metrics.time, "monotonic_ns", lambda: next(clock))
     first = [_stat(1, 0, 0), _stat(2, 10**9, 0)]
-    assert metrics._between_scrapes(4242, first) is None
+    assert metrics._between_scrapes(4242, first, 1_000_000_000) is None
     second = [_stat(1, 250_000_000, 250_000_000), _stat(2, 0, 0), _stat(3, 10**8, 0)]
-    found = {b.tid: b.runnable_ms_per_s for b in metrics._between_scrapes(4242, second)}
+    found = {
+        b.tid: b.runnable_ms_per_s for b in metrics._between_scrapes(4242, second, 1_500_000_000)
+    }
     assert found == {1: 1000.0}  # 0.5 s run + wait over 0.5 s: a whole CPU
     # No time between two scrapes: no interval to judge by.
-    assert metrics._between_scrapes(4242, second) is None
+    assert metrics._between_scrapes(4242, second, 1_500_000_000) is None
+
+
+def test_a_scrape_times_its_interval_when_it_read_the_threads_not_after(monkeypatch):
+    """What a scrape does after reading the threads may take long (the
+    registry, the pools' stacks): the interval is the reads' own, so that a
+    slow first scrape never inflates the next one's rates."""
+    pytest.importorskip("prometheus_client", reason="the exporter is the prometheus extra")
+    monkeypatch.setattr(metrics, "_last_scrape", {})
+    now = [0]
+    tid = os.getpid()
+
+    def thread_masks(target):  # each scrape reads its threads 1 s after the last
+        now[0] += 10**9
+        run = now[0] // 2  # a thread that runs half of the time, all along
+        return [(ThreadStat(tid, "python", run, 0, 1, None), frozenset({0}))]
+
+    slow = iter([4 * 10**8])  # the first scrape's later work takes 0.4 s
+
+    def pinned_roles():
+        now[0] += next(slow, 0)
+        return {}
+
+    monkeypatch.setattr(metrics, "thread_masks", thread_masks)
+    monkeypatch.setattr(metrics, "pinned_roles", pinned_roles)
+    monkeypatch.setattr(metrics.time, "monotonic_ns", lambda: now[0])
+    seen = []
+    real = metrics._between_scrapes
+    monkeypatch.setattr(metrics, "_between_scrapes", lambda *a: seen.append(real(*a)) or seen[-1])
+    for _ in range(2):
+        list(metrics._collect([None], None, skip_gone=False, memory_too=False))
+    assert seen[0] is None and [b.runnable_ms_per_s for b in seen[1]] == [500.0]
 
 
 def test_each_library_names_its_pool_and_what_sizes_it():
