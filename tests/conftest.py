@@ -1,3 +1,4 @@
+import fcntl
 import os
 import shutil
 import tempfile
@@ -48,6 +49,27 @@ def _restore_affinity():
     before = os.sched_getaffinity(0)
     yield
     os.sched_setaffinity(0, before)
+
+
+@pytest.fixture(autouse=True)
+def _host_alone(request):
+    """Under pytest-xdist, a test of the "host" group (it reads or sets the
+    host's PM QoS or interrupts) runs while no other worker runs a test:
+    any test may start a process that holds the wake latency (the doctor
+    does, measuring). A lock file the workers share: the host's tests take
+    it exclusively, every other test shared."""
+    where = os.environ.get("_CPUPIN_SUITE_LOCKS")
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not where or not os.path.isdir(where):
+        yield
+        return
+    marker = request.node.get_closest_marker("xdist_group")
+    alone = marker is not None and "host" in (*marker.args, *marker.kwargs.values())
+    fd = os.open(os.path.join(where, "host.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture

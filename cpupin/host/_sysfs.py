@@ -125,10 +125,24 @@ def _walk(root_fd: int, rel: str, want_dir: bool) -> int:
         os.close(last)
 
 
+#: How many times a path is resolved again with openat2 when the kernel
+#: could not be sure a ``..`` stayed inside the root (``EAGAIN``), before the
+#: component walk resolves it instead.
+AGAIN = 8
+
+
 def _open(root_fd: int, rel: str, want_dir: bool) -> int:
     global _openat2
     if _openat2 is not False:
-        fd, mode = _native.open_in_root(root_fd, rel, want_dir)
+        for _ in range(AGAIN):
+            fd, mode = _native.open_in_root(root_fd, rel, want_dir)
+            # EAGAIN: a rename or a mount anywhere on the host raced a path
+            # with "..", as sysfs's own relative links have (a busy host
+            # renames all the time): nothing is wrong with the path.
+            if fd != -errno.EAGAIN:
+                break
+        else:
+            return _walk(root_fd, rel, want_dir)
         if fd >= 0:
             _openat2 = True
             return fd

@@ -999,6 +999,7 @@ print(json.dumps({"notes": vllm_plugin._notes, "held": hold and sorted(hold.cpus
 """
 
 
+@pytest.mark.xdist_group("host")  # it holds the host's PM QoS: beside the wake tests, not with
 @pytest.mark.parametrize("value", ["0", "x", None])
 def test_a_cpu_server_holds_its_cpus_wake_latency_when_asked(value, tmp_path):
     """``CPUPIN_WAKE_LATENCY_US=0`` under auto on vLLM-CPU: the API server

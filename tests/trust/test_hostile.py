@@ -419,3 +419,51 @@ def test_a_fifo_root_file_is_never_opened_for_reading(tmp_path, resolver):
         host = read_host(tmp_path)
     assert any("a FIFO" in r for r in host.reasons)
     assert stat.S_ISFIFO(os.stat(cpu / "online").st_mode)
+
+
+def test_a_rename_anywhere_on_the_host_never_loses_a_gpu(place):
+    """openat2 answers EAGAIN when a rename anywhere on the host races a
+    path with "..", as sysfs's own relative links have: a busy host renames
+    all the time, and such a read is tried again (then walked), never taken
+    for a missing device. Another process renames in a loop beside 300
+    reads of the tree."""
+    import subprocess
+    import sys
+
+    tree, _ = place
+    want = [g.address for g in read_host(tree).gpus]
+    assert len(want) == 2
+    scratch = tempfile.mkdtemp(prefix="cpupin-renames-")
+    renames = (
+        "import os, sys\n"
+        "a, b = sys.argv[1] + '/a', sys.argv[1] + '/b'\n"
+        "open(a, 'w').close()\n"
+        "while True:\n"
+        "    os.rename(a, b); os.rename(b, a)\n"
+    )
+    renamer = subprocess.Popen([sys.executable, "-c", renames, scratch])  # another CPU's renames
+    try:
+        seen = [[g.address for g in read_host(tree).gpus] for _ in range(300)]
+    finally:
+        renamer.kill()
+        renamer.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert all(gpus == want for gpus in seen), [g for g in seen if g != want][:3]
+
+
+def test_eagain_is_tried_again_then_walked(place, monkeypatch):
+    """The retry's bound: a path that keeps answering EAGAIN is resolved by
+    the component walk, which gives the same file."""
+    import errno
+
+    tree, _ = place
+    want = read_host(tree)
+    calls = []
+
+    def always_again(root_fd, rel, want_dir):
+        calls.append(rel)
+        return -errno.EAGAIN, 0
+
+    monkeypatch.setattr(_sysfs._native, "open_in_root", always_again)
+    assert read_host(tree) == want
+    assert calls and len(calls) % _sysfs.AGAIN == 0
