@@ -177,12 +177,12 @@ def register_pins(pins: Iterable[Pinned], directory: str | None = None) -> None:
     """Write this process's record of its deliberate pins (all of them; none
     left is a record with no pins, kept until exit).
 
-    The record is a fixed slot (:data:`SLOT` bytes, doubled as it needs)
-    written with one ``pwrite`` to a file kept open, and ends with the CRC-32
-    of its JSON, like a server's record: a reader that races a write sees a
-    bad checksum and reads again, never a torn record that parses. The file
-    is made (and remade, when a record outgrows its slot or someone removed
-    it) as a new file renamed into place, in the lock directory opened
+    The whole record is written: its head and every pin's slot, each with
+    the CRC-32 of its JSON, stored into the mapped file (a reader that races
+    a store sees a bad checksum and reads again, never a torn record that
+    parses). The file is made (and remade, when the record outgrows its
+    layout or someone moved or removed it) as a new file written whole,
+    mapped, and renamed into place, in the lock directory opened
     without following a symbolic link; a name another user squats is passed
     over for the next of :func:`_names`. Best effort: a directory that
     cannot take the record logs why once, at warning level, and the pins
