@@ -777,5 +777,26 @@ def _after_fork_in_child() -> None:
     _about.clear()
 
 
+#: What a pin and its record import on first use. A thread in the middle of
+#: importing a module when another thread forks leaves the child that
+#: module's import lock held by no thread: the child's first pin would wait
+#: on it for ever. Before a fork, the forking thread imports them (waiting
+#: out an import under way; once imported, each is a dictionary lookup).
+FORK_IMPORTS = (
+    "json",
+    "cpupin.registry._pool_names",
+    "cpupin.registry._torch_thread",
+    "cpupin.threads._drift",
+)
+
+
+def _before_fork() -> None:
+    for name in FORK_IMPORTS:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001, S112 - a fork never fails for it
+            continue
+
+
 atexit.register(_remove_at_exit)
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

@@ -499,6 +499,41 @@ def test_a_fork_while_other_threads_pin_never_leaves_a_lock_held(lock_dir):
     assert out.returncode == 0 and out.stdout.strip() == "30", out.stderr
 
 
+STALLED_IMPORT = """
+import os, signal, sys, threading, cpupin
+assert "json" not in sys.modules  # a pin's record imports it on first use
+entered, go = threading.Event(), threading.Event()
+class Stall:
+    # holds the import of json in the importing thread, under its import lock
+    def find_spec(self, name, path=None, target=None):
+        if name == "json" and threading.current_thread() is not threading.main_thread():
+            entered.set()
+            go.wait()
+        return None
+sys.meta_path.insert(0, Stall())
+importer = cpupin.Thread(target=__import__, args=("json",))
+importer.start()
+entered.wait()
+threading.Timer(0.2, go.set).start()  # whenever it ends, the fork goes on
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a hang fails, not blocks
+    cpupin.pin_current_thread(cpupin.process_cpus()).release()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+importer.join()
+print(status)
+"""
+
+
+def test_a_fork_while_another_thread_imports_what_a_pin_needs_never_hangs_the_child(lock_dir):
+    # Another thread importing json when one forks: the child's first pin
+    # (whose record imports it) would wait for ever on an import lock no
+    # thread of the child holds; the fork waits for the import instead.
+    out = run([sys.executable, "-c", STALLED_IMPORT], timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "0", (out.stdout, out.stderr)
+
+
 SIGNALLED = """
 import signal, sys, time, cpupin
 cpus = cpupin.process_cpus()
