@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -80,7 +81,11 @@ def server_command(model, mode):
     assert words[0] == "python" and env.get("CPUPIN_VLLM") == "auto", line
     words[0] = VLLM_PYTHON
     words[words.index("--model") + 1] = model
-    port = int(words[words.index("--port") + 1])
+    assert int(words[words.index("--port") + 1]) > 0
+    # a port of its own, not the README's: a server another test or program
+    # left on that port would answer for this one
+    port = free_port()
+    words[words.index("--port") + 1] = str(port)
     if mode is None:
         env.pop("CPUPIN_VLLM")
     else:
@@ -88,6 +93,12 @@ def server_command(model, mode):
     # this machine's small limits: short sequences, float32 on any CPU
     words += ["--max-model-len", "512", "--max-num-seqs", "8", "--dtype", "float32"]
     return words, env, port
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def get(port, path):
@@ -135,7 +146,10 @@ class Server:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.tail()
             try:
-                if get(self.port, "/v1/models")[0] == 200:
+                status, text = get(self.port, "/v1/models")
+                if status == 200:
+                    # ours: it serves this model
+                    assert json.dumps(model) in text, text[:2000]
                     return
             except OSError:
                 pass
