@@ -411,7 +411,7 @@ def test_ps_prune_puts_back_what_a_killed_holder_held(tmp_path):
         out = run([sys.executable, "-m", "cpupin", "ps", "--prune", "--lock-dir", str(tmp_path),
                    "--interval", "0.01"])  # fmt: skip
         assert out.returncode == 0, out.stderr
-        assert f"restored pid {child.pid}: wake latency of CPUs {cpu} put back" in out.stderr
+        assert f"restored pid {child.pid}: wake latency of CPU {cpu} put back" in out.stderr
         assert Path(REAL.format(cpu)).read_text().strip() == before
     finally:
         Path(REAL.format(cpu)).write_text(before)
