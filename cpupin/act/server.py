@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import PlanError, excerpt
 from cpupin.host._pmqos import MAX_US
-from cpupin.host.topology import Gpu, Host, parse_pci_address, read_host
+from cpupin.host.topology import Host, cuda_gpus, parse_pci_address, read_host
 from cpupin.plan.cpuplan import CpuPlan
 from cpupin.plan.placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
 from cpupin.process.mask import ENV_PROCESS_CPUS, process_cpus, start_time
@@ -142,20 +142,6 @@ def _leading_number(text: str) -> int | None:
     while digits < len(text) and digits < 19 and "0" <= text[digits] <= "9":
         digits += 1
     return sign * int(text[:digits]) if digits else None
-
-
-def cuda_gpus(host: Host) -> tuple[Gpu, ...]:
-    """The GPUs a CUDA device index counts: NVIDIA's, in PCI order (as
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``nvidia-smi`` number them); an
-    integrated Intel GPU or an AMD one is not a CUDA device. On a host with
-    no NVIDIA GPU, AMD's (ROCm's HIP counts them, through
-    ``HIP_VISIBLE_DEVICES``, else ``CUDA_VISIBLE_DEVICES``, which it also
-    honours); else every GPU found."""
-    for vendor in ("nvidia", "amd"):
-        found = tuple(g for g in host.gpus if g.vendor == vendor)
-        if found:
-            return found
-    return host.gpus
 
 
 def _by_index(index: int, host: Host, env: Mapping[str, str]) -> str:

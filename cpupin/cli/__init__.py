@@ -29,7 +29,18 @@ REPORT = "https://github.com/cpupin/cpupin/issues"
 Handler = Callable[[argparse.Namespace], int]
 
 #: The modules of the subcommands, in the order --help lists them.
-COMMANDS = ("threads", "topo", "plan", "top", "handoff", "bind", "doctor", "ps", "irqs")
+COMMANDS = (
+    "threads",
+    "topo",
+    "plan",
+    "top",
+    "handoff",
+    "bind",
+    "verify",
+    "doctor",
+    "ps",
+    "irqs",
+)
 
 #: Each subcommand to its module: a run imports that one alone (``cpupin
 #: exec`` starts a server's workers; it must cost little more than Python).
@@ -41,6 +52,7 @@ MODULE_OF = {
     "top": "top",
     "handoff": "handoff",
     "exec": "bind",
+    "verify": "verify",
     "doctor": "doctor",
     "ps": "ps",
     "irqs": "irqs",
@@ -55,10 +67,13 @@ examples:
   cpupin ps                         every registered process on this host, and its pins
   cpupin exec --node 0 -- CMD       run CMD on node 0's CPUs and memory, pools sized
   cpupin plan --host dgx-h100       where a server's threads would go on a shipped host
+  srun $(cpupin plan --emit slurm --ranks 2 --node 0) cpupin verify --ranks 2 --node 0
+                                    Slurm's options for the plan; each rank checks its share
   cpupin irqs --cpus 2,3            which device interrupts would move off CPUs 2-3 (--apply)
 
 exit codes:
-  0  done; 1  a fault of cpupin's own (please report it); 2  bad input, or the
+  0  done; 1  a fault of cpupin's own (please report it), or verify found the
+  rank differs from the plan; 2  bad input, or the
   process asked about is gone; 3  audit --fail-on-narrow found a narrower
   thread; 126, 127  exec's command could not run, or was not found
 """

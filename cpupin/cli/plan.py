@@ -7,13 +7,14 @@ import os
 import sys
 from collections.abc import Callable
 
-from cpupin.act.server import OPENMP_AFFINITY_VARS, resolve_devices
+from cpupin.act.server import OPENMP_AFFINITY_VARS, cuda_gpus, resolve_devices
 from cpupin.cli import _args
 from cpupin.cli.topo import heads
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import PlanError, excerpt
 from cpupin.host.topology import Host, parse_pci_address
 from cpupin.plan.cpuplan import CpuPlan
+from cpupin.plan.launch import MAX_RANKS, PLAN_MODES, LaunchPlan, plan_ranks, slurm_options
 from cpupin.plan.placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
 
 
@@ -55,7 +56,53 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="one single-worker server per host GPU (the default)",
     )
     plan.add_argument("--json", action="store_true", help="print JSON")
+    emit = plan.add_argument_group(
+        "a launcher's terms (--emit)",
+        "the local ranks of one node, a rank a GPU in PCI order (or, with --node, the node's "
+        "cores divided among them), written as the launcher's options: docs/slurm.md",
+    )
+    emit.add_argument(
+        "--emit",
+        choices=("slurm",),
+        help="slurm: srun's options (--cpu-bind=mask_cpu:..., --mem-bind, --cpus-per-task)",
+    )
+    add_launch_args(emit)
+    emit.add_argument(
+        "--batch",
+        action="store_true",
+        help="with --emit slurm: the lines that open a batch script (#SBATCH lines, and "
+        "SLURM_CPU_BIND for its srun steps: sbatch has no --cpu-bind)",
+    )
     plan.set_defaults(handler=run)
+
+
+def add_launch_args(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """The arguments ``plan --emit`` and ``verify`` share."""
+    group.add_argument(
+        "--ranks",
+        type=_args.whole("--ranks", 1, MAX_RANKS),
+        metavar="N",
+        help="the local ranks of the node (default: the host's GPUs)",
+    )
+    group.add_argument(
+        "--node",
+        type=_args.whole("--node", 0, 65535),
+        metavar="N",
+        help="the ranks divide node N's cores (a host without GPUs)",
+    )
+    group.add_argument(
+        "--mode",
+        choices=PLAN_MODES,
+        default="node",
+        help="a rank's CPUs: its GPU's node (the default), its package (socket), its share of "
+        "the node's cores (exclusive) or one last-level cache (cache), as cpupin exec --cpus",
+    )
+    group.add_argument(
+        "--memory",
+        choices=("preferred", "bind", "interleave", "none"),
+        default="preferred",
+        help="a rank's memory policy, as cpupin exec --memory (default: preferred)",
+    )
 
 
 def _tag(kind: str) -> Callable[[str], tuple[str, str]]:
@@ -86,6 +133,15 @@ def _device(kind: str, text: str, host: Host) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.emit is not None:
+        return _emit(args)
+    for flag, given in (
+        ("--ranks", args.ranks is not None),
+        ("--node", args.node is not None),
+        ("--batch", args.batch),
+    ):
+        if given:
+            raise ValueError(f"{flag} goes with --emit: cpupin plan --emit slurm {flag} ...")
     _note_ignored(args)
     setting = setting_from_env() if args.setting is None else parse_setting(args.setting)
     host, title, mask = _args.load_host(args)
@@ -136,6 +192,48 @@ def run(args: argparse.Namespace) -> int:
     if autos is not None:
         print("with auto instead of off (what auto would do on this host and mask):")
         _draw(host, allowed, autos, base)
+    return 0
+
+
+def launch_plan(args: argparse.Namespace, host: Host, mask: frozenset[int]) -> LaunchPlan:
+    """The plan of ``plan --emit`` and ``verify``, from their shared arguments."""
+    ranks = args.ranks
+    if ranks is None:
+        if args.node is not None or not host.gpus:
+            raise ValueError(
+                "--ranks: how many local ranks? (with --node, the ranks divide the node; "
+                "without it, a rank a GPU)"
+            )
+        ranks = len(cuda_gpus(host))
+    return plan_ranks(host, mask, ranks, mode=args.mode, memory=args.memory, node=args.node)
+
+
+def _emit(args: argparse.Namespace) -> int:
+    for flag, given in (
+        ("--setting", args.setting is not None),
+        ("--gpu/--device", bool(args.entries)),
+        ("--all-gpus", args.all_gpus),
+    ):
+        if given:
+            raise ValueError(
+                f"{flag} plans a server's threads; --emit plans ranks: use --ranks, --node, "
+                "--mode and --memory"
+            )
+    if args.batch and args.json:
+        raise ValueError("--batch writes a script's lines; --json the plan: give one")
+    host, title, mask = _args.load_host(args)
+    allowed = _args.mask_arg(args.mask, host, mask) & host.cpus
+    plan = launch_plan(args, host, allowed)
+    options = slurm_options(plan, batch=args.batch)
+    if args.json:
+        _args.print_json({"launcher": "slurm", "options": options, **plan.as_dict()})
+        return 0
+    for rank, binding in enumerate(plan.ranks):
+        # The plan's reasons (a rank off its GPU's node), where a reader sees
+        # them without breaking $(cpupin plan --emit slurm ...).
+        if binding.reason:
+            print(f"note: rank {rank}: {binding.reason}", file=sys.stderr)
+    print("\n".join(options) if args.batch else " ".join(options))
     return 0
 
 

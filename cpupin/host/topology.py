@@ -26,6 +26,7 @@ from cpupin.host.cgroup import Quota, cgroup_path, read_cgroup
 
 __all__ = [
     "GPU_VENDORS",
+    "cuda_gpus",
     "Core",
     "CoreClass",
     "Gpu",
@@ -663,3 +664,17 @@ def _read(r: Reader) -> Host:
         cgroup=cgroup_path(r),
         reasons=tuple(r.reasons),
     )
+
+
+def cuda_gpus(host: Host) -> tuple[Gpu, ...]:
+    """The GPUs a CUDA device index counts: NVIDIA's, in PCI order (as
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``nvidia-smi`` number them); an
+    integrated Intel GPU or an AMD one is not a CUDA device. On a host with
+    no NVIDIA GPU, AMD's (ROCm's HIP counts them, through
+    ``HIP_VISIBLE_DEVICES``, else ``CUDA_VISIBLE_DEVICES``, which it also
+    honours); else every GPU found."""
+    for vendor in ("nvidia", "amd"):
+        found = tuple(g for g in host.gpus if g.vendor == vendor)
+        if found:
+            return found
+    return host.gpus
