@@ -4,6 +4,7 @@ the shipped hosts, random ones, and the binding each rank's GPU gets alone."""
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -242,3 +243,16 @@ def test_verify_without_a_rank_says_where_it_looks():
     assert out.returncode == 2 and "LOCAL_RANK='x1' is not a local rank" in out.stderr
     out = cpupin("verify", "--host", "gh200", "--rank", "1")
     assert out.returncode == 2 and "--ranks 2 or more" in out.stderr
+
+
+GOLDEN = Path(__file__).parent.parent / "data" / "slurm"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("mode", ["node", "exclusive", "cache"])
+def test_plan_emit_slurm_prints_the_golden_line_of_each_shipped_host(name, mode):
+    """tests/data/slurm/HOST-MODE.txt: the line, as reviewed (each rank's
+    CPUs are also checked against its GPU's own binding above)."""
+    out = cpupin("plan", "--emit", "slurm", "--host", name, "--mode", mode)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (GOLDEN / f"{name}-{mode}.txt").read_text()
