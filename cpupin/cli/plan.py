@@ -12,10 +12,15 @@ from cpupin.cli import _args
 from cpupin.cli.topo import heads
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import PlanError, excerpt
+from cpupin.host._pmqos import MAX_US
 from cpupin.host.topology import Host, parse_pci_address
 from cpupin.plan.cpuplan import CpuPlan
+from cpupin.plan.k8s import K8sPlan, balloons_policy, k8s_manifest, k8s_plan, parse_quantity
 from cpupin.plan.launch import MAX_RANKS, PLAN_MODES, LaunchPlan, plan_ranks, slurm_options
 from cpupin.plan.placement import ENV_SETTING, Placement, parse_setting, place, setting_from_env
+
+#: The launchers ``--emit`` writes for.
+EMITS = ("slurm", "k8s", "nri-balloons")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,8 +68,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     emit.add_argument(
         "--emit",
-        choices=("slurm",),
-        help="slurm: srun's options (--cpu-bind=mask_cpu:..., --mem-bind, --cpus-per-task)",
+        choices=EMITS,
+        help="slurm: srun's options (--cpu-bind=mask_cpu:..., --mem-bind, --cpus-per-task); "
+        "k8s: the kubelet's settings and each rank's container resources (YAML); "
+        "nri-balloons: the NRI balloons policy's BalloonsPolicy (YAML)",
     )
     add_launch_args(emit)
     emit.add_argument(
@@ -72,6 +79,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="with --emit slurm: the lines that open a batch script (#SBATCH lines, and "
         "SLURM_CPU_BIND for its srun steps: sbatch has no --cpu-bind)",
+    )
+    emit.add_argument(
+        "--rank-memory",
+        metavar="SIZE",
+        help="with --emit k8s: each rank's memory requests and limits (a quantity such as "
+        "64Gi; a Guaranteed pod sets both)",
+    )
+    emit.add_argument(
+        "--wake-latency",
+        type=_args.whole("--wake-latency", 0, MAX_US),
+        metavar="US",
+        help="with --emit nri-balloons: a CPU class for the ranks' balloons that disables the "
+        "idle states slower than US µs, as cpupin exec --wake-latency holds them",
     )
     plan.set_defaults(handler=run)
 
@@ -139,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         ("--ranks", args.ranks is not None),
         ("--node", args.node is not None),
         ("--batch", args.batch),
+        ("--rank-memory", args.rank_memory is not None),
+        ("--wake-latency", args.wake_latency is not None),
     ):
         if given:
             raise ValueError(f"{flag} goes with --emit: cpupin plan --emit slurm {flag} ...")
@@ -195,17 +217,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ranks(args: argparse.Namespace, host: Host) -> int:
+    if args.ranks is not None:
+        return int(args.ranks)
+    if args.node is not None or not host.gpus:
+        raise ValueError(
+            "--ranks: how many local ranks? (with --node, the ranks divide the node; "
+            "without it, a rank a GPU)"
+        )
+    return len(cuda_gpus(host))
+
+
 def launch_plan(args: argparse.Namespace, host: Host, mask: frozenset[int]) -> LaunchPlan:
-    """The plan of ``plan --emit`` and ``verify``, from their shared arguments."""
-    ranks = args.ranks
-    if ranks is None:
-        if args.node is not None or not host.gpus:
-            raise ValueError(
-                "--ranks: how many local ranks? (with --node, the ranks divide the node; "
-                "without it, a rank a GPU)"
-            )
-        ranks = len(cuda_gpus(host))
-    return plan_ranks(host, mask, ranks, mode=args.mode, memory=args.memory, node=args.node)
+    """The plan of ``plan --emit slurm`` and ``verify``, from their shared
+    arguments."""
+    return plan_ranks(
+        host, mask, _ranks(args, host), mode=args.mode, memory=args.memory, node=args.node
+    )
+
+
+def launch_k8s_plan(args: argparse.Namespace, host: Host, mask: frozenset[int]) -> K8sPlan:
+    """The plan of ``plan --emit k8s|nri-balloons`` and of ``verify`` in a
+    Kubernetes container: one core kept for the system, the ranks' CPUs
+    their own."""
+    return k8s_plan(
+        host, mask, _ranks(args, host), mode=args.mode, memory=args.memory, node=args.node
+    )
 
 
 def _emit(args: argparse.Namespace) -> int:
@@ -219,22 +256,58 @@ def _emit(args: argparse.Namespace) -> int:
                 f"{flag} plans a server's threads; --emit plans ranks: use --ranks, --node, "
                 "--mode and --memory"
             )
+    for flag, given, emit in (
+        ("--batch", args.batch, "slurm"),
+        ("--rank-memory", args.rank_memory is not None, "k8s"),
+        ("--wake-latency", args.wake_latency is not None, "nri-balloons"),
+    ):
+        if given and args.emit != emit:
+            raise ValueError(f"{flag} goes with --emit {emit}, not --emit {args.emit}")
     if args.batch and args.json:
         raise ValueError("--batch writes a script's lines; --json the plan: give one")
+    memory = None
+    if args.emit == "k8s":
+        if args.rank_memory is None:
+            raise ValueError(
+                "--emit k8s needs --rank-memory SIZE (such as 64Gi): a Guaranteed pod's "
+                "containers set memory requests == limits"
+            )
+        memory = parse_quantity(args.rank_memory)
     host, title, mask = _args.load_host(args)
     allowed = _args.mask_arg(args.mask, host, mask) & host.cpus
-    plan = launch_plan(args, host, allowed)
-    options = slurm_options(plan, batch=args.batch)
-    if args.json:
-        _args.print_json({"launcher": "slurm", "options": options, **plan.as_dict()})
+    if args.emit == "slurm":
+        plan = launch_plan(args, host, allowed)
+        options = slurm_options(plan, batch=args.batch)
+        if args.json:
+            _args.print_json({"launcher": "slurm", "options": options, **plan.as_dict()})
+            return 0
+        _notes(plan)
+        print("\n".join(options) if args.batch else " ".join(options))
         return 0
+    k = launch_k8s_plan(args, host, allowed)
+    header = [
+        f"cpupin plan --emit {args.emit}: {len(k.plan.ranks)} local rank(s) on "
+        + (args.host or title),
+        f"--mode {k.plan.mode}, --memory {k.plan.memory}, within {format_cpulist(allowed)}",
+    ]
+    if memory is not None:
+        text = k8s_manifest(host, k, memory, header)
+    else:
+        text = balloons_policy(host, k, args.wake_latency, header)
+    if args.json:
+        _args.print_json({"launcher": args.emit, "yaml": text, **k.as_dict()})
+        return 0
+    _notes(k.plan)
+    sys.stdout.write(text)
+    return 0
+
+
+def _notes(plan: LaunchPlan) -> None:
     for rank, binding in enumerate(plan.ranks):
         # The plan's reasons (a rank off its GPU's node), where a reader sees
         # them without breaking $(cpupin plan --emit slurm ...).
         if binding.reason:
             print(f"note: rank {rank}: {binding.reason}", file=sys.stderr)
-    print("\n".join(options) if args.batch else " ".join(options))
-    return 0
 
 
 def _note_ignored(args: argparse.Namespace) -> None:

@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from cpupin import _native
 from cpupin.cli import _args
 from cpupin.cli.bind import LOCAL_RANK_VARS
-from cpupin.cli.plan import add_launch_args, launch_plan
+from cpupin.cli.plan import add_launch_args, launch_k8s_plan, launch_plan
 from cpupin.cpulist import cpus_phrase, format_cpulist
 from cpupin.errors import PlanError, excerpt
 from cpupin.host.launcher import launcher_of, qos_class
 from cpupin.host.topology import Host
+from cpupin.plan.k8s import check_k8s_rank
 from cpupin.plan.launch import ENV_PLAN_MASK, check_rank, parse_hex_mask
 
 #: get_mempolicy's modes by number, as the binding modes name them.
@@ -49,6 +50,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _args.add_host(cmd)
     cmd.add_argument("--mask", metavar="CPULIST", help="the CPUs the plan was made within")
+    cmd.add_argument(
+        "--launcher",
+        choices=("auto", "k8s", "exact"),
+        default="auto",
+        help="k8s: the plan of plan --emit k8s, and Kubernetes chooses which CPUs (a rank "
+        "agrees when it has as many as planned, of its own, on its GPU's node); exact: the "
+        "rank's very CPUs (srun, torchrun, cpupin exec); auto (the default): k8s where the "
+        "cgroup is a Kubernetes pod's, else exact",
+    )
     cmd.add_argument("--json", action="store_true", help="print JSON")
     cmd.set_defaults(handler=run)
 
@@ -69,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{ENV_PLAN_MASK}={excerpt(text)} names no online CPU of the host")
     else:
         within = host.cpus
+    k8s = args.launcher == "k8s" or (
+        args.launcher == "auto" and launcher_of(host.cgroup) == "kubernetes"
+    )
+    if k8s:
+        return _run_k8s(args, host, own, within, rank, rank_from, live)
     plan = launch_plan(args, host, within)
     if rank >= len(plan.ranks):
         raise ValueError(
@@ -114,6 +129,60 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"rank {rank}: {cpus_phrase(cpus)}, {memory}{gpu}: as planned "
         f"({len(plan.ranks)} rank(s), --mode {plan.mode}, within {format_cpulist(plan.mask)})"
+    )
+    return 0
+
+
+def _run_k8s(
+    args: argparse.Namespace,
+    host: Host,
+    own: frozenset[int],
+    within: frozenset[int],
+    rank: int,
+    rank_from: str,
+    live: bool,
+) -> int:
+    """verify in a Kubernetes container: the count, ownership and node of
+    its CPUs against the plan of ``plan --emit k8s``."""
+    k = launch_k8s_plan(args, host, within)
+    plan = k.plan
+    if rank >= len(plan.ranks):
+        raise ValueError(
+            f"rank {rank} ({rank_from}) is past the plan's {len(plan.ranks)} rank(s): give "
+            f"--ranks {rank + 1} or more"
+        )
+    cpus = _native.get_affinity() & host.cpus if live else own
+    visible = _visible(host) if live else None
+    gpu_node = None
+    if visible is not None and len(visible) == 1:
+        gpu_node = next((g.node for g in host.gpus if g.address == visible[0]), None)
+    qos = qos_class(host.cgroup)
+    findings = check_k8s_rank(k, rank, cpus, qos, host, gpu_node)
+    want = plan.ranks[rank]
+    if args.json:
+        _args.print_json(
+            {
+                "rank": rank,
+                "rank_from": rank_from,
+                "launcher": "k8s",
+                "agrees": not findings,
+                "findings": findings,
+                "has": {"cpus": sorted(cpus), "qos": qos},
+                "plan": {"rank": rank, **want.as_dict()},
+                "reserved": sorted(k.reserved),
+                "mask": sorted(plan.mask),
+            }
+        )
+        return 1 if findings else 0
+    if findings:
+        for line in findings:
+            print(line)
+        return 1
+    nodes = sorted({n for n in map(host.node_of, cpus) if n is not None})
+    print(
+        f"rank {rank}: {cpus_phrase(cpus)} of its own on node {format_cpulist(nodes) or '?'} "
+        f"(QoS {qos}): as planned ({len(want.cpus)} CPU(s) of {len(plan.ranks)} rank(s), "
+        f"--mode {plan.mode}; Kubernetes chooses which)"
     )
     return 0
 

@@ -3,7 +3,6 @@ the shipped hosts, random ones, and the binding each rank's GPU gets alone."""
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +19,9 @@ from cpupin.plan.launch import (
     plan_ranks,
     slurm_options,
 )
-from tests.support.helpers import run
+from tests.support.launchers import SHIPPED, cpupin
 from tests.support.specs import spec_host
 from tests.support.strategies import host_specs, masks
-
-SHIPPED = ("dgx-h100", "gh200", "h100-vm", "xeon6-pct", "amd-8gpu")
 
 
 @given(st.frozensets(st.integers(0, 9000), min_size=1, max_size=200))
@@ -145,17 +142,6 @@ def test_gpu_ranks_are_on_their_gpus_node_or_say_why(data):
 # --- the commands ----------------------------------------------------------
 
 
-def cpupin(*argv, env=None, cpus=None):
-    """``cpupin argv`` in a child (on ``cpus`` when given)."""
-    code = "import os, sys\n"
-    if cpus is not None:
-        code += f"os.sched_setaffinity(0, {sorted(cpus)!r})\n"
-    code += "from cpupin.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LOCAL_RANK"))}
-    full.pop("CPUPIN_PLAN_MASK", None)
-    return run([sys.executable, "-c", code, *argv], env={**full, **(env or {})})
-
-
 def test_plan_emit_slurm_prints_one_line_for_srun():
     out = cpupin("plan", "--emit", "slurm", "--host", "gh200")
     assert out.returncode == 0, out.stderr
@@ -187,7 +173,7 @@ def test_plan_emit_within_a_mask_exports_it_for_verify():
         (["--emit", "slurm", "--host", "dgx-h100", "--memory", "interleave"], "interleave"),
         (["--emit", "slurm", "--host", "dgx-h100", "--gpu", "0000:1b:00.0"], "--emit plans"),
         (["--ranks", "2", "--host", "dgx-h100"], "--ranks goes with --emit"),
-        (["--emit", "k8s"], "invalid choice"),
+        (["--emit", "kubernetes"], "invalid choice"),
         (["--emit", "slurm", "--ranks", "0"], "--ranks 0 is outside 1 to 4096"),
         (["--emit", "slurm", "--batch", "--json", "--host", "gh200"], "give one"),
     ],
