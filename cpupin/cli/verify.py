@@ -52,10 +52,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd.add_argument("--mask", metavar="CPULIST", help="the CPUs the plan was made within")
     cmd.add_argument(
         "--launcher",
-        choices=("auto", "k8s", "exact"),
+        choices=("auto", "k8s", "nri", "exact"),
         default="auto",
         help="k8s: the plan of plan --emit k8s, and Kubernetes chooses which CPUs (a rank "
-        "agrees when it has as many as planned, of its own, on its GPU's node); exact: the "
+        "agrees when it has as many as planned, of its own, on its GPU's node); nri: the "
+        "same for a container the NRI balloons policy placed (any QoS class); exact: the "
         "rank's very CPUs (srun, torchrun, cpupin exec); auto (the default): k8s where the "
         "cgroup is a Kubernetes pod's, else exact",
     )
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{ENV_PLAN_MASK}={excerpt(text)} names no online CPU of the host")
     else:
         within = host.cpus
-    k8s = args.launcher == "k8s" or (
+    k8s = args.launcher in ("k8s", "nri") or (
         args.launcher == "auto" and launcher_of(host.cgroup) == "kubernetes"
     )
     if k8s:
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "rank": rank,
                 "rank_from": rank_from,
+                "launcher": "exact",
                 "agrees": not findings,
                 "findings": findings,
                 "has": {
@@ -110,8 +112,10 @@ def run(args: argparse.Namespace) -> int:
                     if policy is None
                     else {"policy": policy[0], "nodes": sorted(policy[1])},
                     "gpus": None if visible is None else list(visible),
+                    "qos": qos_class(host.cgroup),
                 },
                 "plan": {"rank": rank, **want.as_dict()},
+                "reserved": None,
                 "mask": sorted(plan.mask),
             }
         )
@@ -157,17 +161,23 @@ def _run_k8s(
     if visible is not None and len(visible) == 1:
         gpu_node = next((g.node for g in host.gpus if g.address == visible[0]), None)
     qos = qos_class(host.cgroup)
-    findings = check_k8s_rank(k, rank, cpus, qos, host, gpu_node)
+    balloons = args.launcher == "nri"
+    findings = check_k8s_rank(k, rank, cpus, qos, host, gpu_node, balloons=balloons)
     want = plan.ranks[rank]
     if args.json:
         _args.print_json(
             {
                 "rank": rank,
                 "rank_from": rank_from,
-                "launcher": "k8s",
+                "launcher": args.launcher if balloons else "k8s",
                 "agrees": not findings,
                 "findings": findings,
-                "has": {"cpus": sorted(cpus), "qos": qos},
+                "has": {
+                    "cpus": sorted(cpus),
+                    "memory": None,
+                    "gpus": None if visible is None else list(visible),
+                    "qos": qos,
+                },
                 "plan": {"rank": rank, **want.as_dict()},
                 "reserved": sorted(k.reserved),
                 "mask": sorted(plan.mask),
@@ -181,8 +191,9 @@ def _run_k8s(
     nodes = sorted({n for n in map(host.node_of, cpus) if n is not None})
     print(
         f"rank {rank}: {cpus_phrase(cpus)} of its own on node {format_cpulist(nodes) or '?'} "
-        f"(QoS {qos}): as planned ({len(want.cpus)} CPU(s) of {len(plan.ranks)} rank(s), "
-        f"--mode {plan.mode}; Kubernetes chooses which)"
+        + ("(a balloon)" if balloons else f"(QoS {qos})")
+        + f": as planned ({len(want.cpus)} CPU(s) of {len(plan.ranks)} rank(s), "
+        f"--mode {plan.mode}; " + ("the policy" if balloons else "Kubernetes") + " chooses which)"
     )
     return 0
 

@@ -291,11 +291,15 @@ def check_k8s_rank(
     qos: str | None,
     host: Host,
     gpu_node: int | None = None,
+    *,
+    balloons: bool = False,
 ) -> list[str]:
     """What differs between rank ``rank``'s plan and the CPUs Kubernetes
     gave its container: their count, whether they are its own (Guaranteed
     QoS, not the node's shared pool) and their node (``gpu_node``, the node
-    of the GPU the container sees, else the plan's). A finding a line."""
+    of the GPU the container sees, else the plan's). With ``balloons`` the
+    CPUs came from the NRI balloons policy, which pins a pod of any QoS
+    class. A finding a line."""
     want = k.plan.ranks[rank]
     count = len(want.cpus)
     want_nodes = (
@@ -310,7 +314,20 @@ def check_k8s_rank(
     # The kubelet never gives its reserved CPUs to a container of its own:
     # a container that has them runs in the node's shared pool.
     shared = bool(cpus & k.reserved) and len(cpus) > count
-    if qos != "Guaranteed":
+    if balloons:
+        # A balloon holds exactly its minCPUs == maxCPUs: more is a pool.
+        if len(cpus) > count:
+            out.append(
+                f"rank {rank}: {where}, the shared pool; plan wants {wanted}: annotate its pod "
+                f"{BALLOON_ANNOTATION}: cpupin-rank-{rank} (cpupin plan --emit nri-balloons "
+                "made the balloon)"
+            )
+        elif len(cpus) != count:
+            out.append(
+                f"rank {rank}: {where}, plan wants {wanted}: its balloon's minCPUs and maxCPUs "
+                f"are {count} in the policy cpupin plan --emit nri-balloons prints"
+            )
+    elif qos != "Guaranteed":
         out.append(
             f"rank {rank}: {where}, Kubernetes' shared pool (QoS {qos or 'unknown'}); plan "
             f'wants {wanted}: give its container requests == limits with cpu: "{count}" and '
@@ -327,10 +344,16 @@ def check_k8s_rank(
         )
     if not out and not nodes <= want_nodes:
         gpu = f" (GPU {want.device}'s)" if want.device and gpu_node is None else ""
+        how = (
+            "the balloon type's preferCloseToDevices names the GPU; is the policy the one "
+            "cpupin plan --emit nri-balloons prints?"
+            if balloons
+            else "the kubelet's topologyManagerPolicy single-numa-node (or restricted) aligns "
+            "a device-plugin GPU with its CPUs; a DRA GPU is not aligned"
+        )
         out.append(
             f"rank {rank}: {where}, plan wants them on node {format_cpulist(want_nodes)}{gpu}: "
-            "the kubelet's topologyManagerPolicy single-numa-node (or restricted) aligns a "
-            "device-plugin GPU with its CPUs; a DRA GPU is not aligned"
+            + how
         )
     return out
 

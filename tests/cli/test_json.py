@@ -27,6 +27,7 @@ def test_the_page_documents_every_reporting_command():
         "exec",
         "ps",
         "irqs",
+        "verify",
     }
 
 

@@ -491,3 +491,23 @@ def test_check_k8s_rank_takes_the_node_of_the_gpu_the_container_sees():
     assert check_k8s_rank(k, 0, node1, "Guaranteed", host, gpu_node=1) == []
     (line,) = check_k8s_rank(k, 0, node1, "Guaranteed", host)
     assert "plan wants them on node 0" in line
+
+
+def test_verify_nri_agrees_with_a_burstable_pod_in_its_balloon(tmp_path):
+    # The balloons policy pins a pod of any QoS class: no Guaranteed needed.
+    root = container(tmp_path, BURSTABLE, "1-14,113-126")
+    out = verify(root, 0, "--launcher", "nri")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "of its own on node 0 (a balloon): as planned" in out.stdout
+    assert verify(root, 0).returncode == 1  # under the kubelet's rules, Burstable is shared
+
+
+def test_verify_nri_names_the_annotation_of_a_pod_left_in_the_shared_pool(tmp_path):
+    root = container(tmp_path, BURSTABLE, "0-110,112-222")
+    out = verify(root, 3, "--launcher", "nri", "--json")
+    assert out.returncode == 1
+    data = json.loads(out.stdout)
+    assert data["launcher"] == "nri"
+    (line,) = data["findings"]
+    assert "the shared pool" in line
+    assert "balloon.balloons.resource-policy.nri.io: cpupin-rank-3" in line
