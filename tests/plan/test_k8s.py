@@ -406,6 +406,12 @@ def test_random_hosts_plan_containers_of_their_own_and_valid_yaml(data):
     if node is None:
         steps = place(host, mask, [g.address for g in gpus[:ranks]], "auto").cpus
         assert not k.reserved & steps
+        for b, g in zip(k.plan.ranks, gpus, strict=False):
+            assert b.device == g.address
+            # On its GPU's node, or the binding says why not (the node has
+            # none of the mask's CPUs, the GPU has no node).
+            home = next((n.cpus for n in host.nodes if n.id == g.node), frozenset())
+            assert b.cpus <= home or b.reason, (b, g)
     check_manifest(host, k, k8s_manifest(host, k, "1Gi"))
     check_balloons(host, k, balloons_policy(host, k, data.draw(st.integers(0, 500))))
 
