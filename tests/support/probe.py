@@ -65,3 +65,68 @@ def build_probe(folder):
     )
     assert out.returncode == 0, out.stderr
     return str(folder / "probe")
+
+
+OMP_PROBE = r"""
+#define _GNU_SOURCE
+#include <omp.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+static cpu_set_t masks[256];
+static void cpus(const cpu_set_t *set) {
+    int first = 1;
+    printf("[");
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, set)) { printf("%s%d", first ? "" : ",", c); first = 0; }
+    printf("]");
+}
+int main(void) {
+    int n = omp_get_num_places();
+    printf("{\"bind\": %d, \"places\": [", (int) omp_get_proc_bind());
+    for (int i = 0; i < n; i++) {
+        int k = omp_get_place_num_procs(i);
+        int *ids = malloc(sizeof(int) * (k > 0 ? k : 1));
+        omp_get_place_proc_ids(i, ids);
+        printf("%s[", i ? "," : "");
+        for (int j = 0; j < k; j++) printf("%s%d", j ? "," : "", ids[j]);
+        printf("]");
+        free(ids);
+    }
+    printf("]}\n");
+    fflush(stdout);  /* a team libgomp cannot bind ends the program */
+    int want = n > 0 ? (n < 256 ? n : 256) : 1, got = 0;
+    #pragma omp parallel num_threads(want)
+    {
+        sched_getaffinity(0, sizeof(cpu_set_t), &masks[omp_get_thread_num()]);
+        #pragma omp master
+        got = omp_get_num_threads();
+    }
+    printf("[");
+    for (int t = 0; t < got; t++) { printf("%s", t ? "," : ""); cpus(&masks[t]); }
+    printf("]\n");
+    return 0;
+}
+"""
+
+
+def build_omp_probe(folder):
+    """A program linked with the compiler's own libgomp that prints what
+    libgomp made of the environment: a JSON line with ``omp_get_proc_bind``
+    and each place's CPUs (``omp_get_place_proc_ids``), then a line with
+    the mask of each thread of a team as large as the places. Skips, saying
+    why, where the compiler cannot build OpenMP."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.skip("no C compiler to build the libgomp probe")
+    (folder / "omp_probe.c").write_text(OMP_PROBE)
+    out = subprocess.run(
+        [gcc, "-O1", "-fopenmp", "-o", str(folder / "omp_probe"), str(folder / "omp_probe.c")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0 and "omp.h" in out.stderr:
+        pytest.skip(f"{gcc} has no OpenMP (omp.h): install the compiler's libgomp")
+    assert out.returncode == 0, out.stderr
+    return str(folder / "omp_probe")

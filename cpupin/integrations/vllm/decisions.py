@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from cpupin.host.openmp import omp_team_cpus
+from cpupin.host.topology import Host
+
 __all__ = [
     "ENV_MASK",
     "ENV_MODE",
@@ -124,68 +127,17 @@ def role_of(title: str, mp_name: str, main: str, argv: list[str]) -> str | None:
     return None
 
 
-def _gomp_list(text: str) -> frozenset[int]:
-    """``GOMP_CPU_AFFINITY``: CPUs or ranges (with a stride) separated by
-    spaces or commas."""
-    cpus: set[int] = set()
-    for item in text.replace(",", " ").split():
-        span, _, stride = item.partition(":")
-        first, _, last = span.partition("-")
-        lo, hi = int(first), int(last or first)
-        step = int(stride or 1)
-        if not 0 <= lo <= hi < 65536 or step < 1:
-            raise ValueError(item)
-        cpus.update(range(lo, hi + 1, step))
-    return frozenset(cpus)
-
-
-def _places(text: str) -> frozenset[int]:
-    """``OMP_PLACES`` made of explicit places: ``{0,1},{2:2}`` or ``{0}:4``
-    forms count their CPUs; abstract names (``cores``) are not CPU lists."""
-    cpus: set[int] = set()
-    body = text.replace(" ", "")
-    if not body.startswith("{"):
-        raise ValueError(text)
-    for place in body.split("}"):
-        place = place.lstrip(",").lstrip("{")
-        if not place or place.startswith(":"):
-            continue
-        for item in place.split(","):
-            start, _, length = item.partition(":")
-            lo = int(start)
-            n = int(length.partition(":")[0] or 1)
-            if not 0 <= lo < 65536 or not 1 <= n <= 65536:
-                raise ValueError(item)
-            cpus.update(range(lo, lo + n))
-    return frozenset(cpus)
-
-
-def omp_cpus(environ: Mapping[str, str]) -> tuple[frozenset[int], str] | None:
-    """The CPUs an OpenMP runtime binds its team to, from the variables vLLM
-    (or anyone) set for it: ``GOMP_CPU_AFFINITY`` (libgomp),
-    ``KMP_AFFINITY``'s ``proclist=[...]`` (Intel's), ``OMP_PLACES`` with
-    explicit CPUs; and which variable said so. ``None`` when none binds."""
-    text = environ.get("GOMP_CPU_AFFINITY")
-    if text:
-        try:
-            return _gomp_list(text), "GOMP_CPU_AFFINITY"
-        except ValueError:
-            pass
-    text = environ.get("KMP_AFFINITY", "")
-    start = text.find("proclist=[")
-    if start >= 0:
-        inner = text[start + len("proclist=[") :].partition("]")[0]
-        try:
-            return _gomp_list(inner), "KMP_AFFINITY"
-        except ValueError:
-            pass
-    text = environ.get("OMP_PLACES", "")
-    if text:
-        try:
-            return _places(text), "OMP_PLACES"
-        except ValueError:
-            pass
-    return None
+def omp_cpus(
+    environ: Mapping[str, str], mask: Iterable[int], host: Host | None = None
+) -> tuple[frozenset[int], str] | None:
+    """The CPUs an OpenMP team binds to within the process mask ``mask``,
+    from the variables vLLM (or anyone) set for it, read as libgomp reads
+    them (:mod:`cpupin.host.openmp`: ``OMP_PLACES`` over
+    ``GOMP_CPU_AFFINITY``, ``OMP_PROC_BIND=false`` dropping both,
+    ``master``/``primary`` keeping the team on the first place), else
+    Intel's ``KMP_AFFINITY`` proclist; and which variable said so. ``None``
+    when none binds."""
+    return omp_team_cpus(environ, mask, host)
 
 
 def threads_to_move(

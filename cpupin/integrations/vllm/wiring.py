@@ -430,7 +430,7 @@ def _publisher(mode: str, wake: threading.Event) -> None:
 
 def _omp_split(launcher: frozenset[int]) -> tuple[frozenset[int], frozenset[int]] | None:
     """This process's OpenMP CPUs and the launcher's others (the reserved)."""
-    found = omp_cpus(os.environ)
+    found = omp_cpus(os.environ, launcher)
     if found is None:
         return None
     omp = found[0] & launcher
