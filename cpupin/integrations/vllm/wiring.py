@@ -205,7 +205,11 @@ def _fit_quota(root: str = "/", *, act: bool = True) -> None:
     try:
         launcher = _launcher_mask()
         plan = cpu_plan(root=root, mask=launcher)
-        keep = quota_cpus(plan.mask, plan.capacity)
+        if plan.quota is None or plan.capacity >= len(plan.mask):
+            return
+        from cpupin.host.topology import read_host
+
+        keep = quota_cpus(plan.mask, plan.capacity, read_host(root))
         quota = plan.quota
         if keep == plan.mask or quota is None:
             return
