@@ -977,6 +977,89 @@ def test_a_quota_on_a_random_host_spans_as_many_cores_as_it_can(data):
     assert physical_cores(keep, host) == min(capacity, spanned)
 
 
+@pytest.mark.parametrize(
+    ("env", "own", "plan"),
+    [
+        # TP=2 with vLLM's explicit binding: vLLM reserves nothing; the
+        # other rank's CPU is OpenMP's, never a place to move threads to.
+        ({"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, {0}, ({0, 1}, set())),
+        # DP=2: this engine's slice is {1}; the binding names both.
+        ({"VLLM_CPU_OMP_THREADS_BIND": "0-1|2-3"}, {2, 3}, ({0, 1, 2, 3}, set())),
+        # the engine core's word: every rank's CPUs and vLLM's reserved ones
+        ({"CPUPIN_VLLM_OMP": "0;1"}, {0}, ({0}, {1})),
+        ({"CPUPIN_VLLM_OMP": "0-2;3", "VLLM_CPU_OMP_THREADS_BIND": "auto"}, {1}, ({0, 1, 2}, {3})),
+        # reserved CPUs that are a rank's OpenMP CPUs are not reserved
+        ({"CPUPIN_VLLM_OMP": "0;1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}, None, ({0, 1}, set())),
+        # nothing known of OpenMP
+        ({}, None, None),
+        ({"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, None, None),
+        ({"CPUPIN_VLLM_OMP": "x;y"}, {0}, ({0}, set())),
+    ],
+)
+def test_omp_plan_moves_threads_only_to_what_vllm_reserves(env, own, plan):
+    got = vllm_plugin.omp_plan(env, None if own is None else frozenset(own), frozenset(range(4)))
+    assert got == (None if plan is None else (frozenset(plan[0]), frozenset(plan[1])))
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["CPUPIN_VLLM_OMP", "VLLM_CPU_OMP_THREADS_BIND"]),
+        st.text(alphabet="0123456789-,;| x", max_size=16),
+    ),
+    st.none() | st.frozensets(st.integers(0, 15)),
+    st.frozensets(st.integers(0, 15), min_size=1),
+)
+def test_omp_plan_never_reserves_a_ranks_openmp_cpu(env, own, launcher):
+    got = vllm_plugin.omp_plan(env, own, launcher)
+    if got is not None:
+        every, reserved = got
+        assert every and every <= launcher and reserved <= launcher and not every & reserved
+        if own:
+            assert own & launcher <= every
+
+
+ENGINE_PLAN = """
+import json, os, sys, threading, types
+from cpupin.integrations.vllm import wiring
+from cpupin.threads.thread import Thread
+stop = threading.Event()
+helper = Thread(target=stop.wait, name="gloo_helper", daemon=True)
+helper.start()
+wiring._state.update(role="vllm-engine-core")
+lists, reserved = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+manager = types.SimpleNamespace(cpu_lists=lists, reserved_cpu_list=reserved)
+wiring._after_omp_plan(manager, "auto")
+print(json.dumps({"notes": wiring._notes, "helper": sorted(os.sched_getaffinity(helper.native_id)),
+                  "plan": os.environ.get("CPUPIN_VLLM_OMP")}))
+stop.set()
+"""
+
+
+def test_the_engine_core_of_one_dp_rank_moves_nothing_onto_the_others_openmp_cpu(
+    tmp_path, two_cpus
+):
+    """DP=2 with VLLM_CPU_OMP_THREADS_BIND=0|1: this engine's list is [0],
+    vLLM reserves nothing, and CPU 1 is the other engine's OpenMP CPU."""
+    a, b = two_cpus
+    env = fake_vllm_env(tmp_path, VLLM_CPU_OMP_THREADS_BIND=f"{a}|{b}", CPUPIN_VLLM_MASK=f"{a},{b}")
+    out = run([sys.executable, "-c", ENGINE_PLAN, json.dumps([[a]]), "[]"], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["helper"] == sorted({a, b})  # not moved
+    assert any(n.startswith("nothing moved: vLLM reserves no CPU") for n in got["notes"])
+    assert got["plan"] in (f"{a},{b};", f"{a}-{b};")
+
+
+def test_the_engine_core_moves_threads_to_what_vllm_reserves(tmp_path, two_cpus):
+    a, b = two_cpus
+    env = fake_vllm_env(tmp_path, VLLM_CPU_OMP_THREADS_BIND="auto", CPUPIN_VLLM_MASK=f"{a},{b}")
+    out = run([sys.executable, "-c", ENGINE_PLAN, json.dumps([[a]]), json.dumps([b])], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["helper"] == [b]
+    assert got["plan"] == f"{a};{b}"
+
+
 FIT_QUOTA = """
 import json, os, subprocess, sys, threading
 from cpupin.integrations.vllm import wiring as vllm_plugin

@@ -14,10 +14,14 @@ from cpupin.host.topology import Host
 __all__ = [
     "ENV_MASK",
     "ENV_MODE",
+    "ENV_OMP_PLAN",
     "ENV_SERVER",
     "MODES",
     "ROLES",
+    "VLLM_BIND",
     "VLLM_SIZED",
+    "bound_lists",
+    "omp_plan",
     "cap_lists",
     "env_warnings",
     "mode_from_env",
@@ -40,6 +44,13 @@ ENV_MASK = "CPUPIN_VLLM_MASK"
 #: records: the API server removes them at exit when vLLM killed their
 #: processes (its shutdown ends the engine core and workers with SIGKILL).
 ENV_SERVER = "CPUPIN_VLLM_SERVER"
+#: What the engine core tells its workers of vLLM's OpenMP plan:
+#: ``OMP;RESERVED``, every local rank's OpenMP CPUs and the CPUs vLLM
+#: reserves for everything else, as CPU lists (``0-1;`` reserves none).
+ENV_OMP_PLAN = "CPUPIN_VLLM_OMP"
+#: vLLM-CPU's own binding: ``auto``, ``nobind``, or a CPU list a rank
+#: separated by ``|`` (every data-parallel rank's, in order).
+VLLM_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 #: The library pool variables whose pools vLLM sizes itself.
 VLLM_SIZED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS")
 
@@ -138,6 +149,55 @@ def omp_cpus(
     Intel's ``KMP_AFFINITY`` proclist; and which variable said so. ``None``
     when none binds."""
     return omp_team_cpus(environ, mask, host)
+
+
+def bound_lists(text: str | None) -> list[frozenset[int]] | None:
+    """The CPU lists ``VLLM_CPU_OMP_THREADS_BIND`` names, a local rank each
+    (every data-parallel rank's: vLLM slices them by rank); ``None`` for
+    ``auto``, ``nobind``, unset or a list that does not read."""
+    from cpupin.cpulist import parse_cpulist
+
+    if text is None or text.strip() in ("", "auto", "nobind", "all"):
+        return None
+    try:
+        lists = [parse_cpulist(item) for item in text.split("|")]
+    except ValueError:
+        return None
+    return lists if all(lists) else None
+
+
+def omp_plan(
+    environ: Mapping[str, str],
+    own: frozenset[int] | None,
+    launcher: frozenset[int],
+) -> tuple[frozenset[int], frozenset[int]] | None:
+    """Every local rank's OpenMP CPUs within ``launcher`` and the CPUs
+    vLLM reserves for everything else: what a thread may be moved off and
+    where to. ``own`` is this process's team's CPUs (:func:`omp_cpus`),
+    the engine core's word (:data:`ENV_OMP_PLAN`) gives the others' and
+    vLLM's reserved CPUs, ``VLLM_CPU_OMP_THREADS_BIND`` every rank's it
+    names. What is neither a rank's nor reserved by vLLM is not reserved:
+    the reserved CPUs are vLLM's alone (none: nothing may move), never
+    "the mask less my rank's". ``None`` when no OpenMP CPU is known."""
+    from cpupin.cpulist import parse_cpulist
+
+    omp = set(own or ())
+    reserved: frozenset[int] = frozenset()
+    told = environ.get(ENV_OMP_PLAN)
+    if told is not None:
+        ranks, sep, kept = told.partition(";")
+        try:
+            if sep:
+                omp |= parse_cpulist(ranks) if ranks.strip() else frozenset()
+                reserved = parse_cpulist(kept) if kept.strip() else frozenset()
+        except ValueError:
+            reserved = frozenset()
+    for cpus in bound_lists(environ.get(VLLM_BIND)) or []:
+        omp |= cpus
+    every = frozenset(omp) & launcher
+    if not every:
+        return None
+    return every, (reserved & launcher) - every
 
 
 def threads_to_move(

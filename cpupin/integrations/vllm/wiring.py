@@ -16,12 +16,15 @@ from typing import Any
 from cpupin.cpulist import format_cpulist, parse_cpulist
 from cpupin.integrations.vllm.decisions import (
     ENV_MASK,
+    ENV_OMP_PLAN,
     ENV_SERVER,
+    VLLM_BIND,
     VLLM_SIZED,
     cap_lists,
     env_warnings,
     mode_from_env,
     omp_cpus,
+    omp_plan,
     quota_cpus,
     role_of,
     threads_to_move,
@@ -411,17 +414,24 @@ def _publisher(mode: str, wake: threading.Event) -> None:
 
     launcher = _launcher_mask()
     where = _omp_split(launcher)
-    home = where[1] if mode == "auto" and where and where[1] else launcher
+    # Its own thread sleeps: on what vLLM reserves, else off every rank's
+    # OpenMP CPUs where any CPU is left, else the launcher's.
+    home = launcher
+    if where:
+        home = where[1] or (launcher - where[0]) or launcher
     try:
         _native.set_affinity(home)
     except (OSError, ValueError):
         pass
+    if mode == "auto" and where and not where[1]:
+        _note(_NOTHING_MOVED)
+        _publish()
     seen = -1
     while True:
         wake.wait(1.0)
         wake.clear()
         try:
-            if mode == "auto" and where:
+            if mode == "auto" and where and where[1]:
                 _sweep(where[0], where[1], keep_team=True)
             clock = _state.get("clock")
             if clock is not None and clock.steps != seen:
@@ -433,12 +443,10 @@ def _publisher(mode: str, wake: threading.Event) -> None:
 
 
 def _omp_split(launcher: frozenset[int]) -> tuple[frozenset[int], frozenset[int]] | None:
-    """This process's OpenMP CPUs and the launcher's others (the reserved)."""
+    """Every local rank's OpenMP CPUs and the CPUs vLLM reserves
+    (:func:`omp_plan`): this process's team, and what the engine core said."""
     found = omp_cpus(os.environ, launcher)
-    if found is None:
-        return None
-    omp = found[0] & launcher
-    return (omp, launcher - omp) if omp else None
+    return omp_plan(os.environ, None if found is None else found[0], launcher)
 
 
 def _sweep(
@@ -566,6 +574,15 @@ def _wrap_omp_manager(mode: str) -> None:
     manager.__init__ = __init__
 
 
+#: Where vLLM reserves no CPU, no thread is moved: onto the OpenMP CPUs of
+#: another rank would slow that rank's team, and vLLM has said of no other.
+_NOTHING_MOVED = (
+    "nothing moved: vLLM reserves no CPU beside the OpenMP CPUs (it reserves only under "
+    "VLLM_CPU_OMP_THREADS_BIND=auto, VLLM_CPU_NUM_OF_RESERVED_CPU of them); no thread goes "
+    "onto another rank's OpenMP CPUs"
+)
+
+
 def _after_omp_plan(manager: Any, mode: str) -> None:
     lists = [list(cpus) for cpus in getattr(manager, "cpu_lists", []) or []]
     if not lists:
@@ -573,32 +590,39 @@ def _after_omp_plan(manager: Any, mode: str) -> None:
     reserved = frozenset(getattr(manager, "reserved_cpu_list", []) or [])
     launcher = _launcher_mask()
     omp = frozenset().union(*map(frozenset, lists))
-    if not reserved:
-        reserved = launcher - omp
     _note(
         f"vLLM binds OpenMP to {'; '.join(format_cpulist(frozenset(c)) for c in lists)}, "
         f"reserves {format_cpulist(reserved) or 'no CPU'}"
     )
+    if mode == "auto":
+        from cpupin.pools.limits import usable_cpus
+
+        usable = usable_cpus()
+        capped = cap_lists(lists, len(reserved), usable)
+        if capped != lists:
+            manager.cpu_lists = capped
+            omp = frozenset().union(*map(frozenset, capped))
+            _note(
+                f"OpenMP capped to {'; '.join(format_cpulist(frozenset(c)) for c in capped)}: "
+                f"{usable} usable CPU(s) (the quota) for the team and the reserved CPUs"
+            )
+    # Every rank of every data-parallel engine: vLLM gives this engine its
+    # own ranks' lists, VLLM_CPU_OMP_THREADS_BIND names the others'.
+    found = omp_plan({VLLM_BIND: os.environ.get(VLLM_BIND, "")}, omp, launcher)
+    every = found[0] if found else omp & launcher
+    kept = (reserved & launcher) - every
+    # The workers start from here: they inherit what the plan is.
+    os.environ[ENV_OMP_PLAN] = f"{format_cpulist(every)};{format_cpulist(kept)}"
     if mode != "auto":
         return
-    from cpupin.pools.limits import usable_cpus
-
-    usable = usable_cpus()
-    capped = cap_lists(lists, len(reserved), usable)
-    if capped != lists:
-        manager.cpu_lists = capped
-        omp = frozenset().union(*map(frozenset, capped))
-        _note(
-            f"OpenMP capped to {'; '.join(format_cpulist(frozenset(c)) for c in capped)}: "
-            f"{usable} usable CPU(s) (the quota) for the team and the reserved CPUs"
-        )
-    if not reserved:
-        _note("nothing moved: vLLM reserves no CPU beside OpenMP's")
+    if not kept:
+        _note(_NOTHING_MOVED)
+        _publish()
         return
-    _sweep(omp, reserved, keep_team=False)
+    _sweep(every, kept, keep_team=False)
     parent = os.getppid()
     if _parent_is_api_server(parent):
-        _sweep(omp, reserved, keep_team=False, pid=parent)
+        _sweep(every, kept, keep_team=False, pid=parent)
     _publish()
 
 
