@@ -127,8 +127,9 @@ def complete(port, model, prompt, tokens=16):
 
 
 class Server:
-    def __init__(self, model, mode, lock_dir, **more_env):
+    def __init__(self, model, mode, lock_dir, args=(), **more_env):
         argv, extra, self.port = server_command(model, mode)
+        argv += list(args)
         self.model = model
         self.lock_dir = str(lock_dir)
         env = {**os.environ, **extra, "CPUPIN_LOCK_DIR": self.lock_dir, **more_env}
@@ -175,6 +176,10 @@ class Server:
             self.log.close()
 
     def ps(self):
+        return {p["role"]: p for p in self.processes()}
+
+    def processes(self):
+        """Every live process of the server, as ``cpupin ps --json`` lists them."""
         out = subprocess.run(
             [bin_of("cpupin"), "ps", "--json", "--interval", "0.1", "--lock-dir", self.lock_dir],
             capture_output=True,
@@ -183,7 +188,7 @@ class Server:
             check=False,
         )
         assert out.returncode == 0, out.stderr
-        return {p["role"]: p for p in json.loads(out.stdout)["processes"] if p["live"]}
+        return [p for p in json.loads(out.stdout)["processes"] if p["live"]]
 
     def load(self, requests=16, tokens=16):
         with ThreadPoolExecutor(4) as pool:
@@ -358,6 +363,52 @@ def test_auto_keeps_every_other_thread_off_the_openmp_cpus(model, tmp_path):
         code = server.stop()
     assert code == 0, server.tail()
     assert records_left(tmp_path) == [], server.tail()
+
+
+def test_two_tensor_parallel_ranks_under_auto_move_nothing_onto_each_others_openmp_cpu(
+    model, tmp_path
+):
+    """vLLM refuses --tensor-parallel-size 2 on one node with its default
+    binding; with a CPU a rank (VLLM_CPU_OMP_THREADS_BIND=0|1) it serves and
+    reserves no CPU. auto then moves no thread: every CPU is a rank's
+    OpenMP CPU, and the log says so."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail("two tensor-parallel ranks need two CPUs in the mask")
+    a, b = cpus[:2]
+    server = Server(
+        model,
+        "auto",
+        tmp_path,
+        args=["--tensor-parallel-size", "2"],
+        VLLM_CPU_OMP_THREADS_BIND=f"{a}|{b}",
+        CPUPIN_VLLM_MASK=f"{a},{b}",
+    )
+    try:
+        server.load(4)
+        procs = server.processes()
+        workers = [p for p in procs if p["role"] == "vllm-worker"]
+        assert len(workers) == 2, procs
+        teams = {}
+        for worker in workers:
+            name, team = masks(worker["pid"])[worker["pid"]]
+            teams[worker["pid"]] = team
+        assert sorted(map(sorted, teams.values())) == [[a], [b]], teams
+        for worker in workers:
+            other = next(t for pid, t in teams.items() if pid != worker["pid"])
+            for tid, (name, mask) in masks(worker["pid"]).items():
+                assert mask != other, (worker["pid"], tid, name, sorted(mask))
+            assert any(n.startswith("nothing moved: vLLM reserves no CPU") for n in worker["notes"])
+        (core,) = [p for p in procs if p["role"] == "vllm-engine-core"]
+        assert any(n.startswith("nothing moved: vLLM reserves no CPU") for n in core["notes"])
+        for proc in procs:
+            if proc["role"] != "vllm-worker":
+                for tid, (name, mask) in masks(proc["pid"]).items():
+                    assert mask not in ({a}, {b}), (proc["role"], tid, name, sorted(mask))
+        server.load(4)
+    finally:
+        code = server.stop()
+    assert code == 0, server.tail()
 
 
 VLLM_FORK = """
