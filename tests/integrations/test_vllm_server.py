@@ -411,6 +411,31 @@ def test_two_tensor_parallel_ranks_under_auto_move_nothing_onto_each_others_open
     assert code == 0, server.tail()
 
 
+@pytest.mark.parametrize("mode", ["observe", "auto"])
+def test_a_server_stopped_as_systemd_stops_it_leaves_no_record(model, tmp_path, mode):
+    """SIGTERM to the whole process group (systemd's KillMode=control-group,
+    a terminal's group): every process gets it at once, the engine core and
+    the workers before the API server can end them; none leaves a record."""
+    server = Server(model, mode, tmp_path)
+    try:
+        server.load(2)
+        assert {p["role"] for p in server.processes()} >= {"vllm-worker", "vllm-engine-core"}
+    finally:
+        if server.proc.poll() is None:
+            os.killpg(server.proc.pid, signal.SIGTERM)
+        try:
+            server.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait()
+        server.log.close()
+    # the group's last members may outlive the API server by a moment
+    assert wait_for(lambda: not records_left(tmp_path), 20), (
+        records_left(tmp_path),
+        Path(tmp_path, "server.log").read_text(errors="replace")[-3000:],
+    )
+
+
 VLLM_FORK = """
 import json, os, sys
 sys.argv = ["vllm", "serve", "model"]
