@@ -1018,6 +1018,49 @@ def test_omp_plan_never_reserves_a_ranks_openmp_cpu(env, own, launcher):
             assert own & launcher <= every
 
 
+@pytest.mark.parametrize(
+    ("lists", "reserved", "launcher", "taken", "want"),
+    [
+        # two servers on two CPUs: the second's team takes the CPU vLLM
+        # reserved, and reserves nothing
+        ([[0]], [1], {0, 1}, {0}, ([[1]], [], set())),
+        # room beside the reserved CPUs: those stay reserved
+        ([[0, 1]], [3], set(range(8)), {0, 1}, ([[2, 4]], [3], set())),
+        # two ranks keep their lengths and order
+        ([[0], [1, 2]], [7], set(range(8)), {1}, ([[0], [2, 3]], [7], set())),
+        # no room: shared, said, unchanged
+        ([[0, 1]], [], set(range(8)), {0, 2, 3, 4, 5, 6, 7}, ([[0, 1]], [], {0})),
+        # nothing shared: unchanged
+        ([[0]], [1], set(range(8)), {5}, ([[0]], [1], set())),
+    ],
+)
+def test_avoid_teams_moves_a_team_off_another_servers_where_there_is_room(
+    lists, reserved, launcher, taken, want
+):
+    got = vllm_plugin.avoid_teams(lists, reserved, frozenset(launcher), frozenset(taken))
+    assert got == (want[0], want[1], frozenset(want[2]))
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True), max_size=3),
+    st.lists(st.integers(0, 15), max_size=3, unique=True),
+    st.frozensets(st.integers(0, 15), min_size=1),
+    st.frozensets(st.integers(0, 15)),
+)
+def test_avoid_teams_never_lands_on_another_team_and_keeps_each_ranks_size(
+    lists, reserved, launcher, taken
+):
+    moved, kept, shared = vllm_plugin.avoid_teams(lists, reserved, launcher, taken)
+    assert [len(c) for c in moved] == [len(c) for c in lists]
+    team = {c for cpus in moved for c in cpus}
+    if shared:
+        assert moved == lists and shared == team & taken
+    else:
+        assert not team & taken
+        if moved != lists:
+            assert team <= launcher and not team & set(kept)
+
+
 ENGINE_PLAN = """
 import json, os, sys, threading, types
 from cpupin.integrations.vllm import wiring

@@ -436,6 +436,35 @@ def test_a_server_stopped_as_systemd_stops_it_leaves_no_record(model, tmp_path, 
     )
 
 
+def test_a_second_server_under_auto_puts_its_team_on_a_cpu_no_other_team_uses(model, tmp_path):
+    """Two servers on one host, each with vLLM's own binding: alone, each
+    would put its OpenMP team on the same first CPU; the second, under
+    auto, takes a CPU the first's team does not use, and says so."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail("two servers' teams need two CPUs in the mask")
+    first = Server(model, "auto", tmp_path)
+    second = None
+    try:
+        first.load(2)
+        (one,) = [p for p in first.processes() if p["role"] == "vllm-worker"]
+        team_one = masks(one["pid"])[one["pid"]][1]
+        second = Server(model, "auto", tmp_path)  # the same lock directory: one host
+        second.load(2)
+        workers = [p for p in second.processes() if p["role"] == "vllm-worker"]
+        (two,) = [p for p in workers if p["pid"] != one["pid"]]
+        team_two = masks(two["pid"])[two["pid"]][1]
+        assert team_one and team_two and not team_one & team_two, (team_one, team_two)
+        cores = [p for p in second.processes() if p["role"] == "vllm-engine-core"]
+        notes = [n for p in cores for n in p["notes"]]
+        assert any(n.startswith("OpenMP moved to") for n in notes), notes
+        first.load(2)
+        second.load(2)
+    finally:
+        codes = [s.stop() for s in (second, first) if s is not None]
+    assert codes == [0] * len(codes), first.tail()
+
+
 VLLM_FORK = """
 import json, os, sys
 sys.argv = ["vllm", "serve", "model"]

@@ -20,6 +20,7 @@ __all__ = [
     "ROLES",
     "VLLM_BIND",
     "VLLM_SIZED",
+    "avoid_teams",
     "bound_lists",
     "omp_plan",
     "cap_lists",
@@ -198,6 +199,38 @@ def omp_plan(
     if not every:
         return None
     return every, (reserved & launcher) - every
+
+
+def avoid_teams(
+    lists: list[list[int]],
+    reserved: Iterable[int],
+    launcher: frozenset[int],
+    taken: frozenset[int],
+) -> tuple[list[list[int]], list[int], frozenset[int]]:
+    """vLLM's OpenMP lists (a local rank each) and reserved CPUs, moved off
+    ``taken``, the CPUs other servers' OpenMP teams run on, where the
+    launcher's mask has room: each list keeps its length and order, on the
+    free CPUs vLLM did not reserve first, then on its reserved ones (which
+    then are reserved no longer). Returns the lists, the reserved CPUs and
+    the CPUs still shared with another team (empty when none is)."""
+    omp = frozenset(c for cpus in lists for c in cpus)
+    kept = [c for c in reserved]
+    shared = omp & taken
+    if not shared:
+        return lists, kept, frozenset()
+    free = sorted(launcher - taken)
+    need = sum(len(cpus) for cpus in lists)
+    if len(free) < need:
+        return lists, kept, shared
+    held = set(kept)
+    order = [c for c in free if c not in held] + [c for c in free if c in held]
+    moved: list[list[int]] = []
+    at = 0
+    for cpus in lists:
+        moved.append(order[at : at + len(cpus)])
+        at += len(cpus)
+    team = set(order[:at])
+    return moved, [c for c in kept if c not in team and c not in taken], frozenset()
 
 
 def threads_to_move(

@@ -20,6 +20,8 @@ from cpupin.integrations.vllm.decisions import (
     ENV_SERVER,
     VLLM_BIND,
     VLLM_SIZED,
+    avoid_teams,
+    bound_lists,
     cap_lists,
     env_warnings,
     mode_from_env,
@@ -600,12 +602,13 @@ def _after_omp_plan(manager: Any, mode: str) -> None:
         usable = usable_cpus()
         capped = cap_lists(lists, len(reserved), usable)
         if capped != lists:
-            manager.cpu_lists = capped
+            manager.cpu_lists = lists = capped
             omp = frozenset().union(*map(frozenset, capped))
             _note(
                 f"OpenMP capped to {'; '.join(format_cpulist(frozenset(c)) for c in capped)}: "
                 f"{usable} usable CPU(s) (the quota) for the team and the reserved CPUs"
             )
+        lists, reserved, omp = _apart_from_other_servers(manager, lists, reserved, launcher)
     # Every rank of every data-parallel engine: vLLM gives this engine its
     # own ranks' lists, VLLM_CPU_OMP_THREADS_BIND names the others'.
     found = omp_plan({VLLM_BIND: os.environ.get(VLLM_BIND, "")}, omp, launcher)
@@ -624,6 +627,59 @@ def _after_omp_plan(manager: Any, mode: str) -> None:
     if _parent_is_api_server(parent):
         _sweep(every, kept, keep_team=False, pid=parent)
     _publish()
+
+
+def _other_teams() -> dict[int, frozenset[int]]:
+    """The OpenMP CPUs of every other live vLLM worker on the host (its step
+    thread's pin, where vLLM bound it), by pid."""
+    from cpupin.registry.reader import read_registry
+
+    out: dict[int, frozenset[int]] = {}
+    try:
+        records = read_registry().records
+    except OSError:
+        return out
+    for r in records:
+        if r.kind == "process" and r.live and r.role == "vllm-worker" and r.pid != os.getpid():
+            cpus = frozenset().union(*(p.cpus for p in r.pins if p.role == "step"))
+            if cpus:
+                out[r.pid] = cpus
+    return out
+
+
+def _apart_from_other_servers(
+    manager: Any, lists: list[list[int]], reserved: frozenset[int], launcher: frozenset[int]
+) -> tuple[list[list[int]], frozenset[int], frozenset[int]]:
+    """Before any worker starts: vLLM's OpenMP lists moved off the CPUs
+    other servers' teams run on, where the mask has room; a note either way
+    (and so a line of ``cpupin ps``)."""
+    teams = _other_teams()
+    taken = frozenset().union(*teams.values()) if teams else frozenset()
+    if bound_lists(os.environ.get(VLLM_BIND)) is not None:
+        # The user's own binding: said, never changed.
+        moved, kept = lists, sorted(reserved)
+        shared = frozenset(c for cpus in lists for c in cpus) & taken
+    else:
+        moved, kept, shared = avoid_teams(lists, sorted(reserved), launcher, taken)
+    owners = ", ".join(
+        f"pid {pid} (CPU {format_cpulist(cpus)})" for pid, cpus in sorted(teams.items())
+    )
+    if shared:
+        _note(
+            f"shares CPU {format_cpulist(shared)} with another server's OpenMP team ({owners}): "
+            f"the mask {format_cpulist(launcher)} has no room for a team of its own; give each "
+            "server its own CPUs (taskset, VLLM_CPU_OMP_THREADS_BIND)"
+        )
+    elif moved != lists:
+        manager.cpu_lists = moved
+        manager.reserved_cpu_list = kept
+        _note(
+            f"OpenMP moved to {'; '.join(format_cpulist(frozenset(c)) for c in moved)}, off "
+            f"another server's OpenMP team ({owners}); reserves "
+            f"{format_cpulist(frozenset(kept)) or 'no CPU'}"
+        )
+    omp = frozenset(c for cpus in moved for c in cpus)
+    return moved, frozenset(kept), omp
 
 
 def _parent_is_api_server(pid: int) -> bool:
