@@ -859,6 +859,88 @@ def test_a_gpu_worker_is_bound_to_its_gpus_node_within_the_launchers_mask(device
         assert note.startswith("worker not moved: ") and "node 1" in note, note
 
 
+WIDEN_AND_BIND = """
+import json, os, sys
+from cpupin.act import binding
+from cpupin.integrations.vllm import wiring as vllm_plugin
+from cpupin.process.mask import set_process_cpus
+vllm_plugin._state["role"] = "vllm-worker"
+a = int(sys.argv[2])
+os.sched_setaffinity(0, {a})  # what the engine core's binding left it
+set_process_cpus(frozenset({a}))
+if sys.argv[3] == "refuse":
+    binding._set_mempolicy = lambda mode, nodes: -1  # the kernel says EPERM
+vllm_plugin._bind_to_gpu(0, "worker", root=sys.argv[1])
+print(json.dumps({"notes": vllm_plugin._notes, "mask": sorted(os.sched_getaffinity(0))}))
+"""
+
+
+@pytest.mark.parametrize("memory", ["allowed", "refuse"])
+def test_a_gpu_worker_is_widened_to_the_launchers_mask_before_its_binding(
+    memory, two_cpus, tmp_path
+):
+    """The worker inherits the engine core's narrower mask: it takes the
+    launcher's back before binding to its GPU's node, and a refused memory
+    policy is said as such, not as a worker left where it was."""
+    from cpupin.host.shapes import HOSTS, build_tree
+
+    a, b = two_cpus
+    if b >= 56:
+        pytest.skip("this machine's CPUs are not on the DGX H100 tree's node 0")
+    root = build_tree(HOSTS["dgx-h100"], tmp_path / "dgx")
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+        "CPUPIN_REGISTRY": "0",
+        "CPUPIN_VLLM_MASK": f"{a},{b}",
+    }
+    out = run([sys.executable, "-c", WIDEN_AND_BIND, str(root), str(a), memory], env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["mask"] == [a, b]
+    (note,) = got["notes"]
+    assert note.startswith("worker bound to CUDA device 0 (0000:"), note
+    if memory == "refuse":
+        assert "memory none; " in note and "not moved" not in note
+
+
+ENGINE_ON_TREE = """
+import json, sys
+from cpupin.integrations.vllm import wiring as vllm_plugin
+vllm_plugin._state["role"] = "vllm-engine-core"
+vllm_plugin._bind_engine_core(root=sys.argv[1])
+print(json.dumps(vllm_plugin._notes))
+"""
+
+
+@pytest.mark.parametrize(
+    ("visible", "says"),
+    [
+        ("0,1,2,3,4,5,6,7", "engine core bound to node(s) 0-1 of its 8 GPU(s): CPUs "),
+        ("0,1", "engine core bound to node(s) 0 of its 2 GPU(s): CPUs "),
+        ("4,5", "engine core not moved: the launcher's CPUs hold none of its GPUs' node(s) 1"),
+    ],
+)
+def test_the_engine_core_is_bound_to_every_node_of_its_gpus(visible, says, two_cpus, tmp_path):
+    """Eight-way tensor parallel on a DGX H100: the engine core spans both
+    nodes (it drives ranks on each, and they start from it), not rank 0's."""
+    from cpupin.host.shapes import HOSTS, build_tree
+
+    if max(two_cpus) >= 56:
+        pytest.skip("this machine's CPUs are not on the DGX H100 tree's node 0")
+    root = build_tree(HOSTS["dgx-h100"], tmp_path / "dgx")
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": visible,
+        "CPUPIN_REGISTRY": "0",
+        "CPUPIN_VLLM_MASK": ",".join(map(str, sorted(os.sched_getaffinity(0)))),
+    }
+    out = run([sys.executable, "-c", ENGINE_ON_TREE, str(root)], env=env)
+    assert out.returncode == 0, out.stderr
+    (note,) = json.loads(out.stdout)
+    assert note.startswith(says), note
+
+
 PIN_ON_TREE = """
 import json, os, sys
 from cpupin.integrations.vllm import wiring as vllm_plugin

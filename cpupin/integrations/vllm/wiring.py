@@ -98,7 +98,7 @@ def _register() -> None:
             if role == "vllm-worker":
                 _wrap_init_device()
             else:
-                _bind_to_gpu(0, "engine core")
+                _bind_engine_core()
     if role == "vllm-engine-core":
         _wrap_omp_manager(mode)
     if role == "vllm-worker":
@@ -512,20 +512,82 @@ def _bind_to_gpu(local_rank: int, who: str, root: str = "/") -> None:
     """Bind this process (every thread, and its memory policy) to the NUMA
     node of the CUDA device ``local_rank``, within the launcher's mask
     (:func:`cpupin.bind_process`), before the worker allocates; a note says
-    where, or why not. Never raises."""
+    where, or why not. Never raises.
+
+    The process is widened to the launcher's mask first: vLLM starts the
+    workers from the engine core, whose own binding they inherit, and a
+    worker whose GPU sits on another node than the engine core's would
+    otherwise find none of its node's CPUs in its mask."""
     from cpupin.act.binding import bind_process
+    from cpupin.host.topology import read_host
 
     try:
+        _widen_to(_launcher_mask())
         binding = bind_process(local_rank, root=root)
+        host = read_host(root)
     except (OSError, ValueError) as exc:
         _note(f"{who} not bound to CUDA device {local_rank}'s node: {exc}")
         return
-    if binding.reason:
+    home = next((n.cpus for n in host.nodes if n.id == binding.node), frozenset())
+    if binding.node is None or not binding.cpus <= home:
         _note(f"{who} not moved: {binding.reason}")
         return
     _note(
         f"{who} bound to CUDA device {local_rank} ({binding.device}), node {binding.node}: "
         f"CPUs {format_cpulist(binding.cpus)}, memory {binding.memory_policy}"
+        + (f"; {binding.reason}" if binding.reason else "")
+    )
+
+
+def _widen_to(launcher: frozenset[int]) -> None:
+    """Every thread of this process, and the mask cpupin plans within, on
+    ``launcher`` where the process has less of it (what it inherited)."""
+    from cpupin import _native
+    from cpupin.process.mask import process_cpus, set_process_cpus, thread_masks
+
+    if not launcher or process_cpus() == launcher:
+        return
+    for st, mask in thread_masks(None):
+        if mask != launcher:
+            try:
+                _native.set_affinity(launcher, st.tid)
+            except ProcessLookupError:
+                continue
+    set_process_cpus(launcher)
+
+
+def _bind_engine_core(root: str = "/") -> None:
+    """The engine core on every node of the server's GPUs (within the
+    launcher's mask), as vLLM's own --numa-bind does: it drives every rank,
+    and its workers start from it. Its memory stays where it is. Never
+    raises; a note says where, or why not."""
+    from cpupin.act.binding import bind_process
+    from cpupin.act.server import parse_visible_devices, resolve_devices
+    from cpupin.host.topology import cuda_gpus, read_host
+
+    try:
+        host = read_host(root)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        count = len(parse_visible_devices(visible)) if visible is not None else len(cuda_gpus(host))
+        addresses = resolve_devices(list(range(count)), host) if count else ()
+        nodes = sorted({g.node for g in host.gpus if g.address in addresses and g.node is not None})
+        cpus = frozenset().union(*(n.cpus for n in host.nodes if n.id in nodes)) & (
+            _launcher_mask()
+        )
+        if not cpus:
+            _note(
+                f"engine core not moved: the launcher's CPUs hold none of its GPUs' node(s) "
+                f"{format_cpulist(frozenset(nodes)) or '(none)'}"
+            )
+            return
+        binding = bind_process(cpus=cpus, memory="none", root=root)
+    except (OSError, ValueError) as exc:
+        _note(f"engine core not bound to its GPUs' nodes: {exc}")
+        return
+    _note(
+        f"engine core bound to node(s) {format_cpulist(frozenset(nodes))} of its "
+        f"{len(addresses)} GPU(s): CPUs {format_cpulist(binding.cpus)}"
+        + (f"; {binding.reason}" if binding.reason else "")
     )
 
 
