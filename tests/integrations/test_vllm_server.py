@@ -248,11 +248,15 @@ def test_observe_records_every_process_times_every_step_and_leaves_nothing(model
         server.log.flush()
         log = Path(tmp_path, "server.log").read_text(errors="replace")
         for name in BAD_ENV:
-            # Said once, by the API server, which loads the plugin before vLLM
-            # gives its logger a handler: Python's last-resort handler prints
-            # it, and it prints WARNING and above only.
+            # Said once, by the API server, as a WARNING line of vLLM's own
+            # log (it loads the plugin before vLLM configures its logging:
+            # the line waits for it).
             said = [line for line in log.splitlines() if f"cpupin: {name}=" in line]
             assert len(said) == 1, (name, said)
+            assert re.search(r"\bWARNING \d\d-\d\d [\d:]+ \[wiring\.py:\d+\] cpupin: ", said[0])
+        # every process's decisions are lines of vLLM's log, the API server's too
+        for role in ("api server", "engine core", "worker"):
+            assert re.search(rf"\bINFO .* cpupin: cpupin observe in the {role} \(pid", log), role
         procs = server.ps()
         assert set(procs) == {"vllm-api-server", "vllm-engine-core", "vllm-worker"}, procs
         api, core, worker = (

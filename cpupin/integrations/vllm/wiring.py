@@ -110,7 +110,7 @@ def _warn_env() -> None:
     from cpupin import _native
 
     for line in env_warnings(os.environ, _native.online_cpus()):
-        log.warning("cpupin: %s", line)
+        _say(logging.WARNING, line)
 
 
 def _reset_after_fork() -> None:
@@ -138,9 +138,63 @@ if hasattr(os, "register_at_fork"):
 
 
 def _note(line: str) -> None:
-    log.info("cpupin: %s", line)
+    _say(logging.INFO, line)
     _notes.append(line)
     del _notes[:-16]
+
+
+# Lines said before vLLM configured its logging (the API server loads the
+# plugins while it parses its arguments, and configures logging after):
+# said again, in vLLM's format, once it has.
+_pending: list[tuple[int, str]] = []
+
+
+def _say(level: int, line: str) -> None:
+    """A line of vLLM's log, now if vLLM's logger has somewhere to write,
+    else as soon as vLLM configures it (or at exit)."""
+    if _logging_ready():
+        log.log(level, "cpupin: %s", line)
+        return
+    if not _pending:
+        _hook_vllm_logging()
+    _pending.append((level, line))
+    del _pending[:-64]
+
+
+def _logging_ready() -> bool:
+    return bool(logging.getLogger("vllm").handlers or logging.getLogger().handlers)
+
+
+def _hook_vllm_logging() -> None:
+    """Say the pending lines right after vLLM configures its logging, and at
+    exit whatever is still pending."""
+    import atexit
+
+    atexit.register(_flush_pending, True)
+    try:
+        import vllm.logger as vllm_logger
+    except ImportError:
+        return
+    original = getattr(vllm_logger, "_configure_vllm_root_logger", None)
+    if original is None or getattr(original, "cpupin_wrapper", False):
+        return
+
+    def configure(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _flush_pending(False)
+
+    configure.cpupin_wrapper = True  # type: ignore[attr-defined]
+    vllm_logger._configure_vllm_root_logger = configure
+
+
+def _flush_pending(at_exit: bool) -> None:
+    if not (_logging_ready() or at_exit):
+        return
+    lines, _pending[:] = list(_pending), []
+    for level, line in lines:
+        log.log(level, "cpupin: %s", line)
 
 
 def _publish(steps: list[dict[str, Any]] | None = None) -> None:
