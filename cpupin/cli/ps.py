@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prometheus:
         return _prometheus(registry)
     data = host_view(registry, args.interval)
+    data["vllm_servers"] = _vllm_servers(data["processes"])
     data["unrecorded"] = None
     if args.all:
         from cpupin.measure.unrecorded import unrecorded
@@ -86,6 +87,30 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _text(data)
     return 0
+
+
+def _vllm_servers(processes: object) -> list[dict[str, object]]:
+    """The vLLM servers among the records, each with its API server's
+    command line and port (read from /proc, short and printable)."""
+    from cpupin.integrations.vllm.decisions import server_groups, server_port
+
+    groups = server_groups(processes if isinstance(processes, list) else [])
+    for group in groups:
+        argv = _argv(group["api_pid"]) if group["api_live"] else []
+        group["command"] = printable(" ".join(argv), 160) if argv else None
+        group["port"] = server_port(argv)
+    return groups
+
+
+def _argv(pid: object) -> list[str]:
+    if not isinstance(pid, int):
+        return []
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read(4096).split(b"\0")
+    except OSError:
+        return []
+    return [w.decode("utf-8", "replace") for w in words if w][:64]
 
 
 def _prune_irqs(where: str) -> list[str]:
@@ -120,17 +145,44 @@ def _text(data: dict[str, object]) -> None:
         f"{'PROCESS':8} {'pid':>8}  {'tid':>8} {'name':16} {'role':8} {'CPUs':12} "
         f"{'cpu ms/s':>9} {'wait ms/s':>10}"
     )
+    by_pid = {p["pid"]: p for p in live_procs}
+    shown: set[int] = set()
+    groups = data.get("vllm_servers") or []
+    assert isinstance(groups, list)
+    for group in groups:
+        print(_server_line(group))
+        for pid in group["members"]:
+            shown.add(pid)
+            _print_process(by_pid[pid])
     for p in live_procs:
-        prefix = f"{'':8} {p['pid']:>8}  "
-        for line in [*_about_lines(p), *_thread_lines(p)]:
-            print(prefix + line)
-        _print_pools(p, prefix)
+        if p["pid"] not in shown:
+            _print_process(p)
     for line in _unrecorded_lines(data):
         print(line)
     for line in _still_applied_lines(data):
         print(line)
     for line in _left_out_lines(data, [*servers, *processes]):
         print(line)
+
+
+def _server_line(group: dict[str, Any]) -> str:
+    """A vLLM server's line: its API server and command, or its orphans."""
+    if group["api_live"]:
+        port = f" (port {group['port']})" if group["port"] is not None else ""
+        return f"{'VLLM':8} {group['api_pid']:>8}  {group['command'] or '?'}{port}"
+    pids = " ".join(str(pid) for pid in group["orphans"])
+    gone = f"API server pid {group['api_pid']}" if group["api_pid"] else "its API server"
+    return (
+        f"{'VLLM':8} {'-':>8}  orphans: {gone} is gone, and vLLM's shutdown never reached "
+        f"them; they still hold their CPUs and memory: kill {pids}"
+    )
+
+
+def _print_process(p: dict[str, Any]) -> None:
+    prefix = f"{'':8} {p['pid']:>8}  "
+    for line in [*_about_lines(p), *_thread_lines(p)]:
+        print(prefix + line)
+    _print_pools(p, prefix)
 
 
 def _headline(data: dict[str, object], servers: list[Any], processes: list[Any]) -> str:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from cpupin import _native
 from cpupin.host.shapes import host_named
+from cpupin.integrations.vllm import decisions
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.integrations.vllm.decisions import (
     ENV_MODE,
@@ -775,6 +776,7 @@ class WorkerWrapperBase:
 FAKE_WORKER = """
 import json, multiprocessing, sys, time, types
 multiprocessing.current_process().name = "VllmWorker-0"
+from cpupin.integrations.vllm import decisions
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.registry import writer as registry
 from cpupin.registry.reader import read_registry
@@ -832,6 +834,7 @@ def cpupin_read_host():
 
 BIND_ON_TREE = """
 import json, sys
+from cpupin.integrations.vllm import decisions
 from cpupin.integrations.vllm import wiring as vllm_plugin
 vllm_plugin._state["role"] = "vllm-worker"
 vllm_plugin._bind_to_gpu(int(sys.argv[2]), "worker", root=sys.argv[1])
@@ -862,6 +865,7 @@ def test_a_gpu_worker_is_bound_to_its_gpus_node_within_the_launchers_mask(device
 WIDEN_AND_BIND = """
 import json, os, sys
 from cpupin.act import binding
+from cpupin.integrations.vllm import decisions
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.process.mask import set_process_cpus
 vllm_plugin._state["role"] = "vllm-worker"
@@ -906,6 +910,7 @@ def test_a_gpu_worker_is_widened_to_the_launchers_mask_before_its_binding(
 
 ENGINE_ON_TREE = """
 import json, sys
+from cpupin.integrations.vllm import decisions
 from cpupin.integrations.vllm import wiring as vllm_plugin
 vllm_plugin._state["role"] = "vllm-engine-core"
 vllm_plugin._bind_engine_core(root=sys.argv[1])
@@ -943,6 +948,7 @@ def test_the_engine_core_is_bound_to_every_node_of_its_gpus(visible, says, two_c
 
 PIN_ON_TREE = """
 import json, os, sys
+from cpupin.integrations.vllm import decisions
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.registry import writer as registry
 from cpupin.threads.pins import pinned_threads
@@ -1185,8 +1191,46 @@ def test_the_engine_core_moves_threads_to_what_vllm_reserves(tmp_path, two_cpus)
     assert got["plan"] == f"{a};{b}"
 
 
+def test_server_groups_put_each_member_under_its_api_server_and_mark_orphans():
+    procs = [
+        {"pid": 30, "role": "vllm-worker", "server_pid": 10, "live": True},
+        {"pid": 10, "role": "vllm-api-server", "server_pid": None, "live": True},
+        {"pid": 20, "role": "vllm-engine-core", "server_pid": 10, "live": True},
+        # a second server whose API server was killed: its engine core and
+        # worker are orphans
+        {"pid": 50, "role": "vllm-engine-core", "server_pid": 40, "live": True},
+        {"pid": 60, "role": "vllm-worker", "server_pid": 40, "live": True},
+        {"pid": 40, "role": "vllm-api-server", "server_pid": None, "live": False},
+        {"pid": 70, "role": None, "server_pid": None, "live": True},  # not vLLM's
+    ]
+    groups = decisions.server_groups(procs)
+    assert groups == [
+        {"api_pid": 10, "api_live": True, "members": [10, 20, 30], "orphans": []},
+        {"api_pid": 40, "api_live": False, "members": [50, 60], "orphans": [50, 60]},
+    ]
+    from cpupin.cli.ps import _server_line
+
+    line = _server_line({**groups[1], "command": None, "port": None})
+    assert "orphans: API server pid 40 is gone" in line and line.endswith("kill 50 60")
+
+
+@pytest.mark.parametrize(
+    ("argv", "port"),
+    [
+        (["vllm", "serve", "m", "--port", "8001"], 8001),
+        (["python", "-m", "vllm.entrypoints.openai.api_server", "--port=9000"], 9000),
+        (["vllm", "serve", "m"], None),
+        (["vllm", "serve", "--port", "x"], None),
+        (["vllm", "serve", "--port"], None),
+    ],
+)
+def test_server_port_reads_the_command_line(argv, port):
+    assert decisions.server_port(argv) == port
+
+
 FIT_QUOTA = """
 import json, os, subprocess, sys, threading
+from cpupin.integrations.vllm import decisions
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.threads.thread import Thread
 started = threading.Event()
@@ -1233,6 +1277,7 @@ def test_a_server_is_confined_to_its_quotas_cpus_before_its_children_start(mode,
 
 HOLD_SERVER = """
 import json, os, sys
+from cpupin.integrations.vllm import decisions
 from cpupin.integrations.vllm import wiring as vllm_plugin
 vllm_plugin._state.update(role="vllm-api-server", mode="auto")
 vllm_plugin._hold_server_cpus()

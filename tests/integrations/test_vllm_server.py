@@ -319,6 +319,11 @@ def test_observe_records_every_process_times_every_step_and_leaves_nothing(model
             env={**os.environ, "CPUPIN_LOCK_DIR": server.lock_dir},
         )
         assert "vllm-worker" in out.stdout and "steps execute_model:" in out.stdout, out.stdout
+        # grouped under their API server, with its command and port
+        head = re.search(
+            rf"^VLLM +{server.proc.pid}  .*vllm.* \(port {server.port}\)$", out.stdout, re.M
+        )
+        assert head, out.stdout
     finally:
         code = server.stop()
     assert code == 0, server.tail()
