@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 def _vllm_servers(processes: object) -> list[dict[str, object]]:
     """The vLLM servers among the records, each with its API server's
     command line and port (read from /proc, short and printable)."""
-    from cpupin.integrations.vllm.decisions import server_groups, server_port
+    from cpupin.registry.servers import server_groups, server_port
 
     groups = server_groups(processes if isinstance(processes, list) else [])
     for group in groups:

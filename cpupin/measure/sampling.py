@@ -405,6 +405,17 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
             # As top tells them: a thread on the process mask is not an
             # interloper even where the plan pins every CPU of it; one
             # narrowed onto pinned CPUs without a registered pin is.
+            # A vLLM worker's OpenMP team carries its main thread's name and
+            # runs where vLLM bound it, the step thread's CPUs: vLLM's own.
+            team = (
+                {
+                    (by_tid[p.tid].name if p.tid in by_tid else p.name, p.cpus)
+                    for p in record.pins
+                    if p.role == "step"
+                }
+                if record.role == "vllm-worker"
+                else set()
+            )
             interlopers = [
                 {
                     "tid": s.tid,
@@ -413,7 +424,9 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
                     "mask_list": format_cpulist(s.mask),
                 }
                 for s in got
-                if s.tid not in pinned and s.state == "interloper"
+                if s.tid not in pinned
+                and s.state == "interloper"
+                and not any(s.name == n and s.mask <= c for n, c in team)
             ]
             spinning = [{"tid": s.tid, "name": s.name} for s in got if s.spinning]
             entry.update(threads=threads, interlopers=interlopers, spinning=spinning)
@@ -455,8 +468,14 @@ def _pools_of(
         )
     except (OSError, ValueError):
         return {}
+    pools = [p.as_dict() for p in found.pools]
+    if record.role.startswith("vllm-"):
+        from cpupin.pools.census import vllm_remedy
+
+        for pool in pools:
+            pool["remedy"] = vllm_remedy(pool["remedy"])  # type: ignore[arg-type]
     return {
         "usable_cpus": found.usable_cpus,
-        "pools": [p.as_dict() for p in found.pools],
+        "pools": pools,
         "memory": memory_summary(record.pid, found.plan.mask),
     }

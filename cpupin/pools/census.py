@@ -207,6 +207,39 @@ def remedy(pool: Pool) -> str:
     return "; ".join(parts)
 
 
+#: cpupin's own remedies, and what a vLLM operator sets instead.
+_VLLM_REMEDIES = (
+    (" before it starts, or cpupin.limit_pools() in the process", " where vllm serve starts"),
+    (" (or cpupin.ThreadPool(), which counts the usable CPUs)", ""),
+    (
+        ", from cpupin.usable_cpus() rather than os.cpu_count()",
+        " (a library vLLM loads sized it from the host's CPUs)",
+    ),
+    (
+        ": unset it, or set OMP_PROC_BIND=false",
+        ": CPUPIN_VLLM=auto moves them to the CPUs vLLM reserves "
+        "(VLLM_CPU_OMP_THREADS_BIND=auto reserves VLLM_CPU_NUM_OF_RESERVED_CPU of them)",
+    ),
+    (
+        ": start them from an unpinned thread (cpupin.Thread, cpupin.ThreadPool and "
+        "cpupin.Queue do)",
+        ": CPUPIN_VLLM=auto moves them to the CPUs vLLM reserves "
+        "(VLLM_CPU_OMP_THREADS_BIND=auto reserves VLLM_CPU_NUM_OF_RESERVED_CPU of them)",
+    ),
+)
+
+
+def vllm_remedy(text: str | None) -> str | None:
+    """A pool's remedy in a vLLM operator's terms: the variables of the
+    environment the server starts with and vLLM's own settings, not
+    cpupin's Python API, which vLLM's code does not call."""
+    if not text:
+        return text
+    for ours, theirs in _VLLM_REMEDIES:
+        text = text.replace(ours, theirs)
+    return text
+
+
 def _spin_knob(pool: Pool) -> str:
     """What makes a pool's threads stop spinning, where it is known."""
     library = (pool.library or pool.name).lower()

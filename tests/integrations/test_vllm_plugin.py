@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from cpupin import _native
 from cpupin.host.shapes import host_named
-from cpupin.integrations.vllm import decisions
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.integrations.vllm.decisions import (
     ENV_MODE,
@@ -30,6 +29,7 @@ from cpupin.integrations.vllm.decisions import (
 )
 from cpupin.measure.stepclock import BUCKETS_S
 from cpupin.pools.limits import ENV_POOL_VARS
+from cpupin.registry import servers
 from cpupin.registry import writer as registry
 from cpupin.registry.prune import prune_members
 from cpupin.registry.reader import read_registry
@@ -776,7 +776,7 @@ class WorkerWrapperBase:
 FAKE_WORKER = """
 import json, multiprocessing, sys, time, types
 multiprocessing.current_process().name = "VllmWorker-0"
-from cpupin.integrations.vllm import decisions
+from cpupin.registry import servers
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.registry import writer as registry
 from cpupin.registry.reader import read_registry
@@ -834,7 +834,7 @@ def cpupin_read_host():
 
 BIND_ON_TREE = """
 import json, sys
-from cpupin.integrations.vllm import decisions
+from cpupin.registry import servers
 from cpupin.integrations.vllm import wiring as vllm_plugin
 vllm_plugin._state["role"] = "vllm-worker"
 vllm_plugin._bind_to_gpu(int(sys.argv[2]), "worker", root=sys.argv[1])
@@ -865,7 +865,7 @@ def test_a_gpu_worker_is_bound_to_its_gpus_node_within_the_launchers_mask(device
 WIDEN_AND_BIND = """
 import json, os, sys
 from cpupin.act import binding
-from cpupin.integrations.vllm import decisions
+from cpupin.registry import servers
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.process.mask import set_process_cpus
 vllm_plugin._state["role"] = "vllm-worker"
@@ -910,7 +910,7 @@ def test_a_gpu_worker_is_widened_to_the_launchers_mask_before_its_binding(
 
 ENGINE_ON_TREE = """
 import json, sys
-from cpupin.integrations.vllm import decisions
+from cpupin.registry import servers
 from cpupin.integrations.vllm import wiring as vllm_plugin
 vllm_plugin._state["role"] = "vllm-engine-core"
 vllm_plugin._bind_engine_core(root=sys.argv[1])
@@ -948,7 +948,7 @@ def test_the_engine_core_is_bound_to_every_node_of_its_gpus(visible, says, two_c
 
 PIN_ON_TREE = """
 import json, os, sys
-from cpupin.integrations.vllm import decisions
+from cpupin.registry import servers
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.registry import writer as registry
 from cpupin.threads.pins import pinned_threads
@@ -1203,7 +1203,7 @@ def test_server_groups_put_each_member_under_its_api_server_and_mark_orphans():
         {"pid": 40, "role": "vllm-api-server", "server_pid": None, "live": False},
         {"pid": 70, "role": None, "server_pid": None, "live": True},  # not vLLM's
     ]
-    groups = decisions.server_groups(procs)
+    groups = servers.server_groups(procs)
     assert groups == [
         {"api_pid": 10, "api_live": True, "members": [10, 20, 30], "orphans": []},
         {"api_pid": 40, "api_live": False, "members": [50, 60], "orphans": [50, 60]},
@@ -1225,12 +1225,12 @@ def test_server_groups_put_each_member_under_its_api_server_and_mark_orphans():
     ],
 )
 def test_server_port_reads_the_command_line(argv, port):
-    assert decisions.server_port(argv) == port
+    assert servers.server_port(argv) == port
 
 
 FIT_QUOTA = """
 import json, os, subprocess, sys, threading
-from cpupin.integrations.vllm import decisions
+from cpupin.registry import servers
 from cpupin.integrations.vllm import wiring as vllm_plugin
 from cpupin.threads.thread import Thread
 started = threading.Event()
@@ -1277,7 +1277,7 @@ def test_a_server_is_confined_to_its_quotas_cpus_before_its_children_start(mode,
 
 HOLD_SERVER = """
 import json, os, sys
-from cpupin.integrations.vllm import decisions
+from cpupin.registry import servers
 from cpupin.integrations.vllm import wiring as vllm_plugin
 vllm_plugin._state.update(role="vllm-api-server", mode="auto")
 vllm_plugin._hold_server_cpus()

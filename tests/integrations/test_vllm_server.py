@@ -320,6 +320,9 @@ def test_observe_records_every_process_times_every_step_and_leaves_nothing(model
         )
         assert "vllm-worker" in out.stdout and "steps execute_model:" in out.stdout, out.stdout
         # grouped under their API server, with its command and port
+        # vLLM's own threads are not interlopers, and remedies are vLLM's terms
+        assert "an interloper" not in out.stdout, out.stdout
+        assert "cpupin.limit_pools" not in out.stdout and "cpupin.Thread" not in out.stdout
         head = re.search(
             rf"^VLLM +{server.proc.pid}  .*vllm.* \(port {server.port}\)$", out.stdout, re.M
         )
@@ -367,6 +370,15 @@ def test_auto_keeps_every_other_thread_off_the_openmp_cpus(model, tmp_path):
         assert [(p["tid"], p["role"], frozenset(p["cpus"])) for p in pins] == [
             (worker, "step", omp)
         ]
+        # the worker's OpenMP team (its main thread's name, on its CPUs) is
+        # vLLM's own, not an interloper
+        out = subprocess.run(
+            [bin_of("cpupin"), "ps", "--interval", "0.1", "--lock-dir", server.lock_dir],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0 and "an interloper" not in out.stdout, out.stdout
         server.load(8)  # still serving after the moves
     finally:
         code = server.stop()

@@ -172,3 +172,40 @@ def test_a_spinning_openmp_pool_gets_the_knob_that_stops_it():
     found = _judge("python", False, [(1, False), (2, False)], sizing, gomp, env)
     assert found.spinning == 2 and found.setting == "'2'"
     assert "OMP_WAIT_POLICY=passive" in found.remedy, found.remedy
+
+
+@pytest.mark.parametrize(
+    ("pool", "says", "never"),
+    [
+        (
+            dict(name="OpenBLAS", threads=8, verdict=FROM_HOST, variable="OPENBLAS_NUM_THREADS"),
+            "OPENBLAS_NUM_THREADS=2 where vllm serve starts",
+            "cpupin.limit_pools",
+        ),
+        (
+            dict(name="pt_gloo_runloop", threads=4, verdict=FITS, stray=4, stray_cause="GOMP"),
+            "CPUPIN_VLLM=auto moves them to the CPUs vLLM reserves",
+            "OMP_PROC_BIND=false",
+        ),
+        (
+            dict(name="gloo_tcp_loop", threads=4, verdict=FITS, stray=4),
+            "CPUPIN_VLLM=auto moves them",
+            "cpupin.Thread",
+        ),
+        (
+            dict(name="python", threads=8, verdict=FROM_HOST),
+            "2 thread(s) (a library vLLM loads sized it from the host's CPUs)",
+            "cpupin.usable_cpus",
+        ),
+    ],
+)
+def test_a_vllm_process_gets_remedies_in_a_vllm_operators_terms(pool, says, never):
+    """What an operator of vLLM can set (the server's environment, vLLM's
+    and the plugin's variables), never cpupin's Python API that vLLM's code
+    does not call."""
+    from cpupin.pools.census import Pool, remedy, vllm_remedy
+
+    ours = remedy(Pool(usable_cpus=2, **pool))
+    assert never in ours  # cpupin's own terms, for a process that uses cpupin
+    theirs = vllm_remedy(ours)
+    assert says in theirs and never not in theirs, theirs
