@@ -1228,6 +1228,39 @@ def test_server_port_reads_the_command_line(argv, port):
     assert servers.server_port(argv) == port
 
 
+VLLM_REFUSES = """
+import json, sys, types
+mod = types.ModuleType("vllm.utils.ompmultiprocessing")
+class OMPProcessManager:
+    def __init__(self, config):
+        raise AssertionError("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers.")
+mod.OMPProcessManager = OMPProcessManager
+for name in ("vllm", "vllm.utils"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["vllm.utils"].ompmultiprocessing = mod
+sys.modules["vllm.utils.ompmultiprocessing"] = mod
+from cpupin.integrations.vllm import wiring
+wiring._wrap_omp_manager("auto")
+try:
+    OMPProcessManager(None)
+except AssertionError as exc:
+    print(json.dumps({"error": str(exc), "notes": getattr(exc, "__notes__", [])}))
+"""
+
+
+def test_an_error_of_vllms_that_passes_through_the_plugin_says_it_is_vllms(tmp_path):
+    """vLLM refuses --tensor-parallel-size 2 on one node in its OpenMP plan,
+    which the plugin wraps: the traceback says the refusal is vLLM's own."""
+    out = run(
+        [sys.executable, "-c", VLLM_REFUSES], env={**os.environ, "CPUPIN_LOCK_DIR": str(tmp_path)}
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["error"].startswith("Not enough allowed NUMA nodes")  # vLLM's, unchanged
+    (note,) = got["notes"]
+    assert note.startswith("cpupin: this error is vLLM's own, raised in vLLM's OpenMP plan")
+
+
 FIT_QUOTA = """
 import json, os, subprocess, sys, threading
 from cpupin.registry import servers

@@ -373,6 +373,9 @@ def _wrap_execute_model() -> None:
         begin()
         try:
             return original(self, *args, **kwargs)
+        except BaseException as exc:
+            _vllms_own(exc, "vLLM's execute_model")
+            raise
         finally:
             end()
 
@@ -660,13 +663,34 @@ def _wrap_init_device() -> None:
             _state["gpu_rank"] = rank
             _bind_to_gpu(rank, "worker")
             _publish()
-        return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        except BaseException as exc:
+            _vllms_own(exc, "vLLM's init_device")
+            raise
 
     init_device.cpupin_wrapper = True  # type: ignore[attr-defined]
     WorkerWrapperBase.init_device = init_device
 
 
 # --- the engine core: vLLM-CPU's OpenMP plan ---------------------------------
+
+
+def _vllms_own(exc: BaseException, where: str) -> None:
+    """Say, in the traceback of an error that only passes through one of the
+    plugin's wrappers, that the error is vLLM's: an operator who sees
+    cpupin's file in it must not take it for cpupin's."""
+    if not isinstance(exc, Exception):
+        return
+    text = (
+        f"cpupin: this error is vLLM's own, raised in {where} before cpupin did anything; "
+        "cpupin's wrapper only passed it on (CPUPIN_VLLM=off gives the same error)"
+    )
+    add = getattr(exc, "add_note", None)  # Python 3.11: shown with the traceback
+    if callable(add):
+        add(text)
+    else:
+        _say(logging.WARNING, text[len("cpupin: ") :])
 
 
 def _wrap_omp_manager(mode: str) -> None:
@@ -682,7 +706,11 @@ def _wrap_omp_manager(mode: str) -> None:
         return
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
+        try:
+            original(self, *args, **kwargs)
+        except BaseException as exc:
+            _vllms_own(exc, "vLLM's OpenMP plan (OMPProcessManager)")
+            raise
         try:
             _after_omp_plan(self, mode)
         except Exception as exc:  # noqa: BLE001
