@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 from cpupin.host._proc import exited
 from cpupin.registry._files import PROC_NAME, decode_file, gone_because, open_record
@@ -24,13 +25,21 @@ def _restore_holds(directory: str | None) -> list[str]:
     return settle_all(directory) if os.geteuid() == 0 else []
 
 
-def prune_members(server: tuple[int, int], directory: str | None = None) -> list[str]:
+def prune_members(
+    server: tuple[int, int], directory: str | None = None, wait_s: float = 0.0
+) -> list[str]:
     """Remove the records of exited processes that name ``server`` (pid,
     start time) as theirs (:func:`cpupin.registry.writer.describe_process`'s
     ``server``) and that this user owns: what a server's processes that were
-    killed (vLLM's engine core and workers get ``SIGKILL`` at shutdown) left
-    behind. Returns the paths removed. Each file is opened as a live record
-    is (no link followed, regular, bounded) and parsed before it goes."""
+    killed (vLLM's engine core and workers get ``SIGKILL`` at shutdown, or
+    the whole group a ``SIGTERM``) left behind. Returns the paths removed.
+    Each file is opened as a live record is (no link followed, regular,
+    bounded) and parsed before it goes.
+
+    With ``wait_s``, members still alive are given that long to exit first
+    (polled every 20 ms): a group stopped at once by one signal (systemd's
+    ``KillMode=control-group``, a terminal's Ctrl-C) may outlive the server
+    by a moment, and a member killed by a signal removes nothing itself."""
     where = lock_dir(directory)
     removed: list[str] = []
     try:
@@ -38,25 +47,15 @@ def prune_members(server: tuple[int, int], directory: str | None = None) -> list
     except OSError:
         return removed
     try:
-        for count, name in enumerate(os.listdir(dir_fd)):
-            if count >= MAX_RECORDS:
+        members = _members(dir_fd, server)
+        deadline = time.monotonic() + wait_s
+        while any(not exited(pid, started) for _, pid, started in members):
+            if time.monotonic() >= deadline:
                 break
-            match = PROC_NAME.fullmatch(name)
-            if match is None:
-                continue
-            pid, started = int(match.group(1)), int(match.group(2))
+            time.sleep(0.02)
+        for name, pid, started in members:
             if not exited(pid, started):
                 continue  # alive: its own exit removes it
-            try:
-                fd, info = open_record(dir_fd, name)
-                if info.st_uid != os.geteuid():
-                    os.close(fd)
-                    continue
-                record = decode_file(fd)
-            except (OSError, ValueError):
-                continue
-            if record is None or record.get("server") != list(server):
-                continue
             try:
                 os.unlink(name, dir_fd=dir_fd)
                 removed.append(os.path.join(where, name))
@@ -67,6 +66,29 @@ def prune_members(server: tuple[int, int], directory: str | None = None) -> list
     if removed:
         _restore_holds(directory)  # a killed worker's CPUs come back
     return removed
+
+
+def _members(dir_fd: int, server: tuple[int, int]) -> list[tuple[str, int, int]]:
+    """The records this user owns that name ``server``: (name, pid, start)."""
+    out = []
+    for count, name in enumerate(os.listdir(dir_fd)):
+        if count >= MAX_RECORDS:
+            break
+        match = PROC_NAME.fullmatch(name)
+        if match is None:
+            continue
+        pid, started = int(match.group(1)), int(match.group(2))
+        try:
+            fd, info = open_record(dir_fd, name)
+            if info.st_uid != os.geteuid():
+                os.close(fd)
+                continue
+            record = decode_file(fd)
+        except (OSError, ValueError):
+            continue
+        if record is not None and record.get("server") == list(server):
+            out.append((name, pid, started))
+    return out
 
 
 def prune(

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from hypothesis import given
@@ -335,6 +336,27 @@ def test_prune_members_removes_only_its_killed_members(tmp_path):
     finally:
         alive.communicate("")
     assert len(os.listdir(tmp_path)) == 1  # the live one removed its own at exit
+
+
+def test_prune_members_waits_for_a_member_a_group_signal_ends_a_moment_later(tmp_path):
+    """One SIGTERM to the whole group: the API server exits while a worker
+    is still ending, and a worker a signal kills removes nothing itself."""
+    me = f"{os.getpid()}-{registry.start_time(os.getpid())}"
+    member = _child(tmp_path, me, "alive")
+    _ready(member)
+    server = (os.getpid(), registry.start_time(os.getpid()))
+    assert prune_members(server, str(tmp_path)) == []  # alive: not its to remove
+    killer = threading.Timer(0.3, member.kill)  # SIGKILL: no atexit, the record stays
+    killer.start()
+    try:
+        removed = prune_members(server, str(tmp_path), wait_s=30)
+    finally:
+        killer.join()
+        member.communicate()
+    assert [os.path.basename(p) for p in removed] == [
+        f"cpupin-proc-{member.pid}-" + p.split("-")[-1] for p in removed
+    ]
+    assert os.listdir(tmp_path) == []
 
 
 BAD_FIELDS = st.sampled_from(["role", "notes", "steps", "server"])

@@ -224,7 +224,8 @@ def _own_members() -> None:
     os.environ[ENV_SERVER] = f"{me[0]}-{me[1]}"
 
     def prune() -> None:
-        for path in prune_members(me):
+        # A group stopped by one signal: its members may end a moment after.
+        for path in prune_members(me, wait_s=5.0):
             log.debug("cpupin: removed %s, the record of a process vLLM killed", path)
 
     atexit.register(prune)
