@@ -432,6 +432,42 @@ def test_two_tensor_parallel_ranks_under_auto_move_nothing_onto_each_others_open
     assert code == 0, server.tail()
 
 
+def test_two_data_parallel_engines_under_auto_move_nothing_onto_each_others_openmp_cpu(
+    model, tmp_path
+):
+    """--data-parallel-size 2 with a CPU a rank: each engine core gets its own
+    slice of VLLM_CPU_OMP_THREADS_BIND and vLLM reserves nothing. Before,
+    each engine core moved itself onto the other engine's OpenMP CPU (its
+    mask less its own rank's), and both moved the API server's threads."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail("two data-parallel engines need two CPUs in the mask")
+    a, b = cpus[:2]
+    server = Server(
+        model,
+        "auto",
+        tmp_path,
+        args=["--data-parallel-size", "2"],
+        VLLM_CPU_OMP_THREADS_BIND=f"{a}|{b}",
+        CPUPIN_VLLM_MASK=f"{a},{b}",
+    )
+    try:
+        server.load(4)
+        procs = server.processes()
+        cores = [p for p in procs if p["role"] == "vllm-engine-core"]
+        assert len(cores) == 2, procs
+        for core in cores:
+            assert any(n.startswith("nothing moved: vLLM reserves no CPU") for n in core["notes"])
+        for proc in procs:
+            if proc["role"] != "vllm-worker":
+                for tid, (name, mask) in masks(proc["pid"]).items():
+                    assert mask not in ({a}, {b}), (proc["role"], tid, name, sorted(mask))
+        server.load(4)
+    finally:
+        code = server.stop()
+    assert code == 0, server.tail()
+
+
 @pytest.mark.parametrize("mode", ["observe", "auto"])
 def test_a_server_stopped_as_systemd_stops_it_leaves_no_record(model, tmp_path, mode):
     """SIGTERM to the whole process group (systemd's KillMode=control-group,
