@@ -17,7 +17,7 @@ from cpupin.errors import PlanError, excerpt
 from cpupin.host.launcher import launcher_of, qos_class
 from cpupin.host.topology import Host
 from cpupin.plan.k8s import check_k8s_rank
-from cpupin.plan.launch import ENV_PLAN_MASK, check_rank, parse_hex_mask
+from cpupin.plan.launch import ENV_PLAN_MASK, LaunchPlan, check_rank, parse_hex_mask
 
 #: get_mempolicy's modes by number, as the binding modes name them.
 _POLICY = {0: "default", 1: "preferred", 2: "bind", 3: "interleave", 4: "local", 5: "preferred"}
@@ -68,29 +68,14 @@ def run(args: argparse.Namespace) -> int:
     rank, rank_from = _rank(args.rank, os.environ)
     host, _title, own = _args.load_host(args)
     live = not (args.host or args.root)
-    if args.mask is not None:
-        within = _args.mask_arg(args.mask, host, own)
-    elif ENV_PLAN_MASK in os.environ:
-        text = os.environ[ENV_PLAN_MASK]
-        try:
-            within = parse_hex_mask(text) & host.cpus
-        except ValueError as exc:
-            raise ValueError(f"{ENV_PLAN_MASK}: {exc}") from None
-        if not within:
-            raise ValueError(f"{ENV_PLAN_MASK}={excerpt(text)} names no online CPU of the host")
-    else:
-        within = host.cpus
+    within = _within(args.mask, host, own)
     k8s = args.launcher in ("k8s", "nri") or (
         args.launcher == "auto" and launcher_of(host.cgroup) == "kubernetes"
     )
     if k8s:
         return _run_k8s(args, host, own, within, rank, rank_from, live)
     plan = launch_plan(args, host, within)
-    if rank >= len(plan.ranks):
-        raise ValueError(
-            f"rank {rank} ({rank_from}) is past the plan's {len(plan.ranks)} rank(s): give "
-            f"--ranks {rank + 1} or more"
-        )
+    _has_rank(plan, rank, rank_from)
     cpus = _native.get_affinity() & host.cpus if live else own
     policy = _policy() if live else None
     visible = _visible(host) if live else None
@@ -98,43 +83,73 @@ def run(args: argparse.Namespace) -> int:
         plan, rank, cpus, policy, visible, host, os.environ, causes=_causes(host, os.environ)
     )
     want = plan.ranks[rank]
-    if args.json:
-        _args.print_json(
-            {
-                "rank": rank,
-                "rank_from": rank_from,
-                "launcher": "exact",
-                "agrees": not findings,
-                "findings": findings,
-                "has": {
-                    "cpus": sorted(cpus),
-                    "memory": None
-                    if policy is None
-                    else {"policy": policy[0], "nodes": sorted(policy[1])},
-                    "gpus": None if visible is None else list(visible),
-                    "qos": qos_class(host.cgroup),
-                },
-                "plan": {"rank": rank, **want.as_dict()},
-                "reserved": None,
-                "mask": sorted(plan.mask),
-            }
-        )
-        return 1 if findings else 0
-    if findings:
-        for line in findings:
-            print(line)
-        return 1
     memory = (
         f"memory {want.memory_policy} on node {format_cpulist(want.memory_nodes)}"
         if want.memory_policy != "none"
         else "no memory policy"
     )
     gpu = f", GPU {want.device}" if want.device else ""
-    print(
+    return _report(
+        args.json,
+        findings,
+        {
+            "rank": rank,
+            "rank_from": rank_from,
+            "launcher": "exact",
+            "has": {
+                "cpus": sorted(cpus),
+                "memory": None
+                if policy is None
+                else {"policy": policy[0], "nodes": sorted(policy[1])},
+                "gpus": None if visible is None else list(visible),
+                "qos": qos_class(host.cgroup),
+            },
+            "plan": {"rank": rank, **want.as_dict()},
+            "reserved": None,
+            "mask": sorted(plan.mask),
+        },
         f"rank {rank}: {cpus_phrase(cpus)}, {memory}{gpu}: as planned "
-        f"({len(plan.ranks)} rank(s), --mode {plan.mode}, within {format_cpulist(plan.mask)})"
+        f"({len(plan.ranks)} rank(s), --mode {plan.mode}, within {format_cpulist(plan.mask)})",
     )
-    return 0
+
+
+def _within(text: str | None, host: Host, own: frozenset[int]) -> frozenset[int]:
+    """The CPUs the plan is made within: ``--mask``, else the mask
+    ``CPUPIN_PLAN_MASK`` carries, else every online CPU."""
+    if text is not None:
+        return _args.mask_arg(text, host, own)
+    carried = os.environ.get(ENV_PLAN_MASK)
+    if carried is None:
+        return host.cpus
+    try:
+        within = parse_hex_mask(carried) & host.cpus
+    except ValueError as exc:
+        raise ValueError(f"{ENV_PLAN_MASK}: {exc}") from None
+    if not within:
+        raise ValueError(f"{ENV_PLAN_MASK}={excerpt(carried)} names no online CPU of the host")
+    return within
+
+
+def _has_rank(plan: LaunchPlan, rank: int, rank_from: str) -> None:
+    if rank >= len(plan.ranks):
+        raise ValueError(
+            f"rank {rank} ({rank_from}) is past the plan's {len(plan.ranks)} rank(s): give "
+            f"--ranks {rank + 1} or more"
+        )
+
+
+def _report(as_json: bool, findings: list[str], doc: dict[str, object], agreed: str) -> int:
+    """The verdict: JSON (``doc`` with ``agrees`` and the findings), else a
+    line a finding, or the one line that says the rank agrees. Exit 1 on a
+    finding, 0 otherwise."""
+    if as_json:
+        _args.print_json({**doc, "agrees": not findings, "findings": findings})
+    elif findings:
+        for line in findings:
+            print(line)
+    else:
+        print(agreed)
+    return 1 if findings else 0
 
 
 def _run_k8s(
@@ -150,11 +165,7 @@ def _run_k8s(
     its CPUs against the plan of ``plan --emit k8s``."""
     k = launch_k8s_plan(args, host, within)
     plan = k.plan
-    if rank >= len(plan.ranks):
-        raise ValueError(
-            f"rank {rank} ({rank_from}) is past the plan's {len(plan.ranks)} rank(s): give "
-            f"--ranks {rank + 1} or more"
-        )
+    _has_rank(plan, rank, rank_from)
     cpus = _native.get_affinity() & host.cpus if live else own
     visible = _visible(host) if live else None
     gpu_node = None
@@ -164,38 +175,29 @@ def _run_k8s(
     balloons = args.launcher == "nri"
     findings = check_k8s_rank(k, rank, cpus, qos, host, gpu_node, balloons=balloons)
     want = plan.ranks[rank]
-    if args.json:
-        _args.print_json(
-            {
-                "rank": rank,
-                "rank_from": rank_from,
-                "launcher": args.launcher if balloons else "k8s",
-                "agrees": not findings,
-                "findings": findings,
-                "has": {
-                    "cpus": sorted(cpus),
-                    "memory": None,
-                    "gpus": None if visible is None else list(visible),
-                    "qos": qos,
-                },
-                "plan": {"rank": rank, **want.as_dict()},
-                "reserved": sorted(k.reserved),
-                "mask": sorted(plan.mask),
-            }
-        )
-        return 1 if findings else 0
-    if findings:
-        for line in findings:
-            print(line)
-        return 1
     nodes = sorted({n for n in map(host.node_of, cpus) if n is not None})
-    print(
+    return _report(
+        args.json,
+        findings,
+        {
+            "rank": rank,
+            "rank_from": rank_from,
+            "launcher": "nri" if balloons else "k8s",
+            "has": {
+                "cpus": sorted(cpus),
+                "memory": None,
+                "gpus": None if visible is None else list(visible),
+                "qos": qos,
+            },
+            "plan": {"rank": rank, **want.as_dict()},
+            "reserved": sorted(k.reserved),
+            "mask": sorted(plan.mask),
+        },
         f"rank {rank}: {cpus_phrase(cpus)} of its own on node {format_cpulist(nodes) or '?'} "
         + ("(a balloon)" if balloons else f"(QoS {qos})")
         + f": as planned ({len(want.cpus)} CPU(s) of {len(plan.ranks)} rank(s), "
-        f"--mode {plan.mode}; " + ("the policy" if balloons else "Kubernetes") + " chooses which)"
+        f"--mode {plan.mode}; " + ("the policy" if balloons else "Kubernetes") + " chooses which)",
     )
-    return 0
 
 
 def _rank(given: int | None, environ: Mapping[str, str]) -> tuple[int, str]:
