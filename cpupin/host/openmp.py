@@ -139,6 +139,12 @@ def _starts(text: str, i: int, word: str) -> bool:
     return text[i : i + len(word)].lower() == word
 
 
+def _word_limit(mask: frozenset[int]) -> int:
+    """The first CPU number libgomp cannot hold: its sets are as many 64-bit
+    words as the mask's highest CPU needs."""
+    return 64 * ((max(mask) + 64) // 64)
+
+
 # --- OMP_PROC_BIND -----------------------------------------------------------
 
 
@@ -360,7 +366,7 @@ def _places(
     """``OMP_PLACES``'s places, or ``None`` where libgomp takes none from it."""
     if text is None:
         return None
-    limit = 64 * ((max(mask) + 64) // 64)
+    limit = _word_limit(mask)
     try:
         i = _skip(text, 0)
         if i == len(text):
@@ -385,7 +391,7 @@ def _places(
 def _affinity(text: str | None, ignore: bool, mask: frozenset[int]) -> list[frozenset[int]] | None:
     if text is None:
         return None
-    limit = 64 * ((max(mask) + 64) // 64)
+    limit = _word_limit(mask)
     cpus: list[int] = []
     i = 0
     while True:

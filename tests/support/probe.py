@@ -53,18 +53,25 @@ def build_probe(folder):
     a C compiler). Run it with the kinds of thread to start, one argument a
     thread (``compute compute`` starts two); it prints ``ready`` and runs
     until its stdin closes."""
+    gcc, out, binary = _compile(folder, "probe", PROBE, "-pthread")
+    assert out.returncode == 0, out.stderr
+    return binary
+
+
+def _compile(folder, name, source, flag):
+    """``source`` built as ``folder/name`` with the compiler cpupin builds
+    with: (compiler, the run, the binary); skips, saying why, without one."""
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
-        pytest.skip("no C compiler to build the thread probe (cpupin's own build needs one)")
-    (folder / "probe.c").write_text(PROBE)
+        pytest.skip(f"no C compiler to build the {name} (cpupin's own build needs one)")
+    (folder / f"{name}.c").write_text(source)
     out = subprocess.run(
-        [gcc, "-O1", "-pthread", "-o", str(folder / "probe"), str(folder / "probe.c")],
+        [gcc, "-O1", flag, "-o", str(folder / name), str(folder / f"{name}.c")],
         capture_output=True,
         text=True,
         check=False,
     )
-    assert out.returncode == 0, out.stderr
-    return str(folder / "probe")
+    return gcc, out, str(folder / name)
 
 
 OMP_PROBE = r"""
@@ -116,17 +123,8 @@ def build_omp_probe(folder):
     and each place's CPUs (``omp_get_place_proc_ids``), then a line with
     the mask of each thread of a team as large as the places. Skips, saying
     why, where the compiler cannot build OpenMP."""
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.skip("no C compiler to build the libgomp probe")
-    (folder / "omp_probe.c").write_text(OMP_PROBE)
-    out = subprocess.run(
-        [gcc, "-O1", "-fopenmp", "-o", str(folder / "omp_probe"), str(folder / "omp_probe.c")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    gcc, out, binary = _compile(folder, "omp_probe", OMP_PROBE, "-fopenmp")
     if out.returncode != 0 and "omp.h" in out.stderr:
         pytest.skip(f"{gcc} has no OpenMP (omp.h): install the compiler's libgomp")
     assert out.returncode == 0, out.stderr
-    return str(folder / "omp_probe")
+    return binary
