@@ -383,7 +383,6 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
             entry["throttling"] = throttling.as_dict() if throttling else None
             entry.update(_pools_of(record, result.threads, got))
             by_tid = {s.tid: s for s in got}
-            pinned = {p.tid: p for p in record.pins}
             threads = []
             for pin in record.pins:
                 s = by_tid.get(pin.tid)
@@ -402,32 +401,7 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
                         "spinning": s.spinning if s else None,
                     }
                 )
-            # As top tells them: a thread on the process mask is not an
-            # interloper even where the plan pins every CPU of it; one
-            # narrowed onto pinned CPUs without a registered pin is.
-            # A vLLM worker's OpenMP team carries its main thread's name and
-            # runs where vLLM bound it, the step thread's CPUs: vLLM's own.
-            team = (
-                {
-                    (by_tid[p.tid].name if p.tid in by_tid else p.name, p.cpus)
-                    for p in record.pins
-                    if p.role == "step"
-                }
-                if record.role == "vllm-worker"
-                else set()
-            )
-            interlopers = [
-                {
-                    "tid": s.tid,
-                    "name": s.name,
-                    "mask": sorted(s.mask),
-                    "mask_list": format_cpulist(s.mask),
-                }
-                for s in got
-                if s.tid not in pinned
-                and s.state == "interloper"
-                and not any(s.name == n and s.mask <= c for n, c in team)
-            ]
+            interlopers = _interlopers(record, got, by_tid)
             spinning = [{"tid": s.tid, "name": s.name} for s in got if s.spinning]
             entry.update(threads=threads, interlopers=interlopers, spinning=spinning)
         elif record.live:
@@ -447,6 +421,33 @@ def host_view(registry: Registry, interval: float) -> dict[str, object]:
         "not_listed": registry.not_listed,
         "still_applied": registry.still_applied,
     }
+
+
+def _interlopers(
+    record: Record, got: Iterable[ThreadSample], by_tid: dict[int, ThreadSample]
+) -> list[dict[str, object]]:
+    """A process's threads narrowed onto pinned CPUs without a registered
+    pin. As top tells them, a thread on the process mask is not one even
+    where the plan pins every CPU of it. A vLLM worker's OpenMP team
+    carries its main thread's name and runs where vLLM bound it, the step
+    thread's CPUs: vLLM's own, not an interloper."""
+    pinned = {p.tid for p in record.pins}
+    team = (
+        {
+            (by_tid[p.tid].name if p.tid in by_tid else p.name, p.cpus)
+            for p in record.pins
+            if p.role == "step"
+        }
+        if record.role == "vllm-worker"
+        else set()
+    )
+    return [
+        {"tid": s.tid, "name": s.name, "mask": sorted(s.mask), "mask_list": format_cpulist(s.mask)}
+        for s in got
+        if s.tid not in pinned
+        and s.state == "interloper"
+        and not any(s.name == n and s.mask <= c for n, c in team)
+    ]
 
 
 def _pools_of(
