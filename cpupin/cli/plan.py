@@ -61,6 +61,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="one single-worker server per host GPU (the default)",
     )
     plan.add_argument("--json", action="store_true", help="print JSON")
+    _add_emit_args(plan)
+    plan.set_defaults(handler=run)
+
+
+def _add_emit_args(plan: argparse.ArgumentParser) -> None:
+    """``--emit`` and the arguments that go with it: a launcher's terms."""
     emit = plan.add_argument_group(
         "a launcher's terms (--emit)",
         "the local ranks of one node, a rank a GPU in PCI order (or, with --node, the node's "
@@ -93,7 +99,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --emit nri-balloons: a CPU class for the ranks' balloons that disables the "
         "idle states slower than US µs, as cpupin exec --wake-latency holds them",
     )
-    plan.set_defaults(handler=run)
 
 
 def add_launch_args(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
