@@ -386,6 +386,33 @@ def test_auto_keeps_every_other_thread_off_the_openmp_cpus(model, tmp_path):
     assert records_left(tmp_path) == [], server.tail()
 
 
+def a_cpu_a_rank(model, tmp_path, size_flag):
+    """A server under auto with two ranks (``size_flag`` 2), a CPU each by
+    vLLM's own binding, VLLM_CPU_OMP_THREADS_BIND=A|B: ((A, B), the server)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail(f"{size_flag} 2 needs two CPUs in the mask")
+    a, b = cpus[:2]
+    server = Server(
+        model,
+        "auto",
+        tmp_path,
+        args=[size_flag, "2"],
+        VLLM_CPU_OMP_THREADS_BIND=f"{a}|{b}",
+        CPUPIN_VLLM_MASK=f"{a},{b}",
+    )
+    return (a, b), server
+
+
+def off_every_ranks_cpu(procs, a, b):
+    """No thread of a process that is not a worker (the API server, the
+    engine cores) was moved onto one rank's OpenMP CPU."""
+    for proc in procs:
+        if proc["role"] != "vllm-worker":
+            for tid, (name, mask) in masks(proc["pid"]).items():
+                assert mask not in ({a}, {b}), (proc["role"], tid, name, sorted(mask))
+
+
 def test_two_tensor_parallel_ranks_under_auto_move_nothing_onto_each_others_openmp_cpu(
     model, tmp_path
 ):
@@ -393,18 +420,7 @@ def test_two_tensor_parallel_ranks_under_auto_move_nothing_onto_each_others_open
     binding; with a CPU a rank (VLLM_CPU_OMP_THREADS_BIND=0|1) it serves and
     reserves no CPU. auto then moves no thread: every CPU is a rank's
     OpenMP CPU, and the log says so."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.fail("two tensor-parallel ranks need two CPUs in the mask")
-    a, b = cpus[:2]
-    server = Server(
-        model,
-        "auto",
-        tmp_path,
-        args=["--tensor-parallel-size", "2"],
-        VLLM_CPU_OMP_THREADS_BIND=f"{a}|{b}",
-        CPUPIN_VLLM_MASK=f"{a},{b}",
-    )
+    (a, b), server = a_cpu_a_rank(model, tmp_path, "--tensor-parallel-size")
     try:
         server.load(4)
         procs = server.processes()
@@ -422,10 +438,7 @@ def test_two_tensor_parallel_ranks_under_auto_move_nothing_onto_each_others_open
             assert any(n.startswith("nothing moved: vLLM reserves no CPU") for n in worker["notes"])
         (core,) = [p for p in procs if p["role"] == "vllm-engine-core"]
         assert any(n.startswith("nothing moved: vLLM reserves no CPU") for n in core["notes"])
-        for proc in procs:
-            if proc["role"] != "vllm-worker":
-                for tid, (name, mask) in masks(proc["pid"]).items():
-                    assert mask not in ({a}, {b}), (proc["role"], tid, name, sorted(mask))
+        off_every_ranks_cpu(procs, a, b)
         server.load(4)
     finally:
         code = server.stop()
@@ -439,18 +452,7 @@ def test_two_data_parallel_engines_under_auto_move_nothing_onto_each_others_open
     slice of VLLM_CPU_OMP_THREADS_BIND and vLLM reserves nothing. Before,
     each engine core moved itself onto the other engine's OpenMP CPU (its
     mask less its own rank's), and both moved the API server's threads."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.fail("two data-parallel engines need two CPUs in the mask")
-    a, b = cpus[:2]
-    server = Server(
-        model,
-        "auto",
-        tmp_path,
-        args=["--data-parallel-size", "2"],
-        VLLM_CPU_OMP_THREADS_BIND=f"{a}|{b}",
-        CPUPIN_VLLM_MASK=f"{a},{b}",
-    )
+    (a, b), server = a_cpu_a_rank(model, tmp_path, "--data-parallel-size")
     try:
         server.load(4)
         procs = server.processes()
@@ -458,10 +460,7 @@ def test_two_data_parallel_engines_under_auto_move_nothing_onto_each_others_open
         assert len(cores) == 2, procs
         for core in cores:
             assert any(n.startswith("nothing moved: vLLM reserves no CPU") for n in core["notes"])
-        for proc in procs:
-            if proc["role"] != "vllm-worker":
-                for tid, (name, mask) in masks(proc["pid"]).items():
-                    assert mask not in ({a}, {b}), (proc["role"], tid, name, sorted(mask))
+        off_every_ranks_cpu(procs, a, b)
         server.load(4)
     finally:
         code = server.stop()
