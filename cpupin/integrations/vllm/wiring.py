@@ -155,7 +155,8 @@ def _say(level: int, line: str) -> None:
     if _logging_ready():
         log.log(level, "cpupin: %s", line)
         return
-    if not _pending:
+    if not _state.get("logging_hooked"):
+        _state["logging_hooked"] = True
         _hook_vllm_logging()
     _pending.append((level, line))
     del _pending[:-64]
