@@ -155,3 +155,12 @@ def interruptible():
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def strays_now(before=frozenset()):
+    """cpupin.stray_threads() less the tids in ``before``: another test's
+    thread in this process (torch's pool, a daemon still ending) may sit on
+    a narrower mask already; only what a test starts is its own."""
+    import cpupin
+
+    return [info for info in cpupin.stray_threads() if info.tid not in before]

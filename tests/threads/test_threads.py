@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import cpupin
 from cpupin.threads import thread as cpupin_threads
-from tests.support.helpers import interruptible, proc_comm
+from tests.support.helpers import interruptible, proc_comm, strays_now
 
 pytestmark = pytest.mark.skipif(len(cpupin.process_cpus()) < 2, reason="needs two CPUs")
 
@@ -251,7 +251,7 @@ def test_stray_threads_finds_an_unregistered_pin_and_not_a_registered_one():
     assert tids["stray"] in found and found[tids["stray"]].mask == {first}
     assert isinstance(found[tids["stray"]].name, str)  # the OS name (Python 3.14 sets it)
     assert tids["pinned"] not in found
-    assert [i for i in cpupin.stray_threads() if i.tid not in before] == []
+    assert strays_now(before) == []
 
 
 def test_sixteen_threads_pinning_and_starting_at_once_leave_the_registry_consistent():
@@ -273,6 +273,7 @@ def test_sixteen_threads_pinning_and_starting_at_once_leave_the_registry_consist
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
+    before = {info.tid for info in cpupin.stray_threads()}
     threads = [threading.Thread(target=churn, args=(i,)) for i in range(16)]
     for t in threads:
         t.start()
@@ -280,7 +281,7 @@ def test_sixteen_threads_pinning_and_starting_at_once_leave_the_registry_consist
         t.join()
     assert errors == []
     assert cpupin.pinned_threads() == {}
-    assert cpupin.stray_threads() == []
+    assert strays_now(before) == []
 
 
 def test_ten_thousand_threads_leave_no_garbage():
