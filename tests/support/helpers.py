@@ -157,10 +157,23 @@ def interruptible():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def strays_now(before=frozenset()):
+def strays_now(before=frozenset(), ended=()):
     """cpupin.stray_threads() less the tids in ``before``: another test's
     thread in this process (torch's pool, a daemon still ending) may sit on
-    a narrower mask already; only what a test starts is its own."""
+    a narrower mask already; only what a test starts is its own.
+
+    ``ended``: the native ids of threads the test has joined. Python's
+    ``join`` returns when a thread's Python state ends, a moment before the
+    kernel removes the thread, so a joined thread on a narrow mask can
+    still be listed; wait (at most 30 s) until the kernel has removed each."""
+    import time
+
     import cpupin
 
+    deadline = time.monotonic() + 30
+    left = [tid for tid in ended if os.path.exists(f"/proc/self/task/{tid}")]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.01)
+        left = [tid for tid in left if os.path.exists(f"/proc/self/task/{tid}")]
+    assert not left, f"joined threads {left} still listed after 30 s"
     return [info for info in cpupin.stray_threads() if info.tid not in before]

@@ -251,7 +251,7 @@ def test_stray_threads_finds_an_unregistered_pin_and_not_a_registered_one():
     assert tids["stray"] in found and found[tids["stray"]].mask == {first}
     assert isinstance(found[tids["stray"]].name, str)  # the OS name (Python 3.14 sets it)
     assert tids["pinned"] not in found
-    assert strays_now(before) == []
+    assert strays_now(before, ended=tids.values()) == []
 
 
 def test_sixteen_threads_pinning_and_starting_at_once_leave_the_registry_consistent():
@@ -281,7 +281,7 @@ def test_sixteen_threads_pinning_and_starting_at_once_leave_the_registry_consist
         t.join()
     assert errors == []
     assert cpupin.pinned_threads() == {}
-    assert strays_now(before) == []
+    assert strays_now(before, ended=[t.native_id for t in threads]) == []
 
 
 def test_ten_thousand_threads_leave_no_garbage():
