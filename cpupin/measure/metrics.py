@@ -35,6 +35,7 @@ requires. ``prometheus_client`` is imported only when a collector is made.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
@@ -340,14 +341,21 @@ def _records_of(registry: Registry | None, pid: int) -> list[Record]:
 
 
 def _record_steps(
-    record: Record, step_wait: Any, step_wall: Any, step_throttled: Any, info: Any
+    record: Record,
+    step_wait: Any,
+    step_wall: Any,
+    step_throttled: Any,
+    info: Any,
+    labels: list[str] | None = None,
 ) -> None:
-    """Another process's step figures, as its record carries them."""
+    """Another process's step figures, as its record carries them, under
+    ``labels`` (else its pid; then ``info`` gets its role)."""
     from cpupin.measure.stepclock import BUCKETS_S
 
-    pid = str(record.pid)
-    if record.role:
-        info.add_metric([pid, record.role], 1)
+    if labels is None:
+        labels = [str(record.pid)]
+        if record.role:
+            info.add_metric([*labels, record.role], 1)
     for fig in record.steps:
         counts = fig["counts"]
         assert isinstance(counts, list)
@@ -356,9 +364,84 @@ def _record_steps(
             running += n
             buckets.append(("+Inf" if bound is None else repr(bound), running))
         clock = str(fig["clock"])
-        step_wait.add_metric([pid, clock], buckets, fig["wait_s"])
-        step_wall.add_metric([pid, clock], fig["wall_s"])
-        step_throttled.add_metric([pid, clock], fig["throttled_s"])
+        step_wait.add_metric([*labels, clock], buckets, fig["wait_s"])
+        step_wall.add_metric([*labels, clock], fig["wall_s"])
+        step_throttled.add_metric([*labels, clock], fig["throttled_s"])
+
+
+#: The parts of a vLLM process title that place it (``VLLM::Worker_DP1_TP0``).
+_TITLE_PARTS = re.compile(r"_(DP|PP|PCP|TP|DCP|EP)(\d{1,5})")
+
+
+def vllm_labels(title: str) -> tuple[str, str]:
+    """vLLM's ``engine`` label (the data-parallel rank, ``0`` without one)
+    and a ``rank`` label (the other parallel ranks, ``TP1`` or
+    ``PP1_TP0``; ``0`` without any) from a vLLM process title. Pure."""
+    parts = _TITLE_PARTS.findall(title[:256])
+    engine = next((n for kind, n in parts if kind == "DP"), "0")
+    rank = "_".join(f"{kind}{n}" for kind, n in parts if kind != "DP") or "0"
+    return str(int(engine)), rank
+
+
+def _title_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(256).split(b"\0")[0].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+_SERVER_LABELS = ["model_name", "engine", "role", "rank"]
+
+
+def _server_families() -> dict[str, Any]:
+    """The families of a vLLM server's ``/metrics``, labelled as vLLM's
+    own (``model_name``, ``engine``) and by the process's ``role`` and
+    parallel ``rank``: bounded by the server's shape, never by pid or
+    thread."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+
+    clock = [*_SERVER_LABELS, "clock"]
+    return {
+        "wait": HistogramMetricFamily(
+            "cpupin_step_wait_seconds",
+            "Run-queue wait of the step thread during each step (cpupin.StepClock)",
+            labels=clock,
+        ),
+        "wall": CounterMetricFamily(
+            "cpupin_step_seconds", "Wall time of the steps (cpupin.StepClock)", labels=clock
+        ),
+        "throttled": CounterMetricFamily(
+            "cpupin_step_throttled_seconds",
+            "Time the cgroup was throttled during steps (cpupin.StepClock)",
+            labels=clock,
+        ),
+        "moved": GaugeMetricFamily(
+            "cpupin_vllm_moved_threads",
+            "Threads the plugin's auto moved off the OpenMP CPUs in this process",
+            labels=_SERVER_LABELS,
+        ),
+        "confined": GaugeMetricFamily(
+            "cpupin_vllm_confined_cpus",
+            "CPUs the threads auto moved are confined to (0: none, or widened)",
+            labels=_SERVER_LABELS,
+        ),
+        "widened": GaugeMetricFamily(
+            "cpupin_vllm_confinement_widened",
+            "1 while auto has given the threads it confined the launcher's CPUs back "
+            "(the CPUs were full of work from outside the server)",
+            labels=_SERVER_LABELS,
+        ),
+        "holds": GaugeMetricFamily(
+            "cpupin_wake_latency_holds",
+            "Wake-latency holds the process has in force",
+            labels=_SERVER_LABELS,
+        ),
+    }
 
 
 def _ancestors(pid: int, depth: int = 16) -> list[int]:
@@ -381,25 +464,46 @@ def _ancestors(pid: int, depth: int = 16) -> list[int]:
 
 
 class ServerStepsCollector:
-    """Exports the step figures and roles that the records of ``pid`` and
-    of its descendants carry (a vLLM server's API server, engine core and
-    workers), read at each scrape: what the vLLM plugin adds to vLLM's own
-    ``/metrics``. Cheap: one read of the lock directory a scrape."""
+    """Exports what the records of ``pid`` and of its descendants (a vLLM
+    server's API server, engine cores and workers) carry, read at each
+    scrape: their step figures and what ``auto`` did in each (threads
+    moved, CPUs confined to, widened, wake-latency holds). What the vLLM
+    plugin adds to vLLM's own ``/metrics``, labelled as vLLM labels its
+    own: ``model_name`` (given) and ``engine`` (the data-parallel rank),
+    with ``role`` (``api-server``, ``engine-core``, ``worker``) and
+    ``rank`` (a worker's other parallel ranks, from its title): no label
+    per pid or thread, so a restart makes no new series. Cheap: one read
+    of the lock directory a scrape."""
 
-    def __init__(self, pid: int, lock_dir: str | None = None) -> None:
+    def __init__(self, pid: int, lock_dir: str | None = None, model_name: str = "") -> None:
         _require()
         self.pid = pid
         self.lock_dir = lock_dir
+        self.model_name = model_name
 
     def collect(self) -> Iterator[Any]:
-        step_wait, step_wall, step_throttled, info = _step_families()
+        families = _server_families()
         registry = read_registry(self.lock_dir)
+        seen: set[tuple[str, ...]] = set()
         for record in sorted(registry.records, key=lambda r: r.pid):
             if record.kind != "process" or not record.live:
                 continue
-            if record.pid == self.pid or self.pid in _ancestors(record.pid):
-                _record_steps(record, step_wait, step_wall, step_throttled, info)
-        yield from (step_wait, step_wall, step_throttled, info)
+            if record.pid != self.pid and self.pid not in _ancestors(record.pid):
+                continue
+            engine, rank = vllm_labels(_title_of(record.pid))
+            role = record.role.removeprefix("vllm-") or "process"
+            labels = [self.model_name, engine, role, rank]
+            if tuple(labels) in seen:
+                continue  # one series a label set, the oldest pid's
+            seen.add(tuple(labels))
+            _record_steps(
+                record, families["wait"], families["wall"], families["throttled"], None, labels
+            )
+            families["moved"].add_metric(labels, record.auto.moved)
+            families["confined"].add_metric(labels, len(record.auto.confined))
+            families["widened"].add_metric(labels, int(record.auto.widened))
+            families["holds"].add_metric(labels, len(record.wake_holds))
+        yield from families.values()
 
 
 def _pools(

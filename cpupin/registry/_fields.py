@@ -131,6 +131,35 @@ def pin_drift(value: object) -> tuple[int, str]:
     )
 
 
+class AutoActs(NamedTuple):
+    """What the vLLM plugin's ``auto`` did to a process, as its record says:
+    threads it moved off the OpenMP CPUs, the CPUs they are confined to
+    (empty: none, or widened), and whether it widened them."""
+
+    moved: int = 0
+    confined: frozenset[int] = frozenset()
+    widened: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return {"moved": self.moved, "confined": sorted(self.confined), "widened": self.widened}
+
+
+def auto_acts(value: object, host: frozenset[int]) -> AutoActs:
+    if value is None:
+        return AutoActs()
+    if not isinstance(value, dict):
+        raise ValueError("auto is not an object")
+    widened = value.get("widened")
+    if type(widened) is not bool:
+        raise ValueError(f"auto widened {excerpt(widened)} is not true or false")
+    confined = value.get("confined")
+    return AutoActs(
+        whole(value.get("moved"), 0, 1 << 20, "auto moved"),
+        frozenset() if confined in ("", []) else cpu_list(confined, "auto confined", host),
+        widened,
+    )
+
+
 def hold_list(value: object, host: frozenset[int]) -> tuple[RecordedHold, ...]:
     if value is None:
         return ()

@@ -70,6 +70,8 @@ class Record:
     """The wake-latency holds it has in force."""
     pin_drift: tuple[int, str] = (0, "")
     """How many times its pins were found off their CPUs, and the last."""
+    auto: fields.AutoActs = fields.AutoActs()
+    """What the vLLM plugin's ``auto`` did to the process."""
     out_of_date: str = ""
     """Why the record is older than the process's pins (an update it could
     not write: a full disk, a file size limit); empty while it is current."""
@@ -107,6 +109,7 @@ class Record:
             out["out_of_date"] = self.out_of_date or None
             out["recorded_pools"] = [p._asdict() | {"tids": list(p.tids)} for p in self.pools]
             out["wake_holds"] = [h.as_dict() for h in self.wake_holds]
+            out["auto"] = self.auto.as_dict()
             out["pin_drift"] = (
                 {"total": self.pin_drift[0], "last": self.pin_drift[1]}
                 if self.pin_drift[0]
@@ -291,6 +294,7 @@ def _process(
         pools=fields.pool_list(record.get("pools")),
         wake_holds=fields.hold_list(record.get("wake_holds"), host),
         pin_drift=fields.pin_drift(record.get("pin_drift")),
+        auto=fields.auto_acts(record.get("auto"), host),
         out_of_date=""
         if record.get("out_of_date") is None
         else fields.short_text(record.get("out_of_date"), "out_of_date", 240),

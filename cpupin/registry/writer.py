@@ -299,6 +299,7 @@ def describe_process(
     mask: Iterable[int] | None = None,
     wake_holds: Iterable[dict[str, Any]] | None = None,
     pin_drift: dict[str, Any] | None = None,
+    auto: dict[str, Any] | None = None,
     directory: str | None = None,
 ) -> None:
     """Say in this process's record what it is beside its pins: its
@@ -312,7 +313,8 @@ def describe_process(
     ``CPUPIN_PROCESS_CPUS`` the process started with. ``wake_holds``: the
     wake-latency holds in force (:func:`cpupin.hold_wake_latency`), with
     the values to put back should the process die. ``pin_drift``: how many
-    drifts :func:`cpupin.check_pins` found, and the last.
+    drifts :func:`cpupin.check_pins` found, and the last. ``auto``: what
+    the vLLM plugin's ``auto`` did (``moved``, ``confined``, ``widened``).
     ``None`` leaves that part as it was. A record written only for this
     (no pins) is still the process's record: ``cpupin ps`` lists it. Best
     effort, as :func:`register_pins`."""
@@ -331,6 +333,12 @@ def describe_process(
             _about["pin_drift"] = {
                 "total": int(pin_drift["total"]),
                 "last": printable(str(pin_drift["last"]), MAX_NOTE),
+            }
+        if auto is not None:
+            _about["auto"] = {
+                "moved": min(int(auto["moved"]), 1 << 20),
+                "confined": format_cpulist(frozenset(int(c) for c in auto["confined"])),
+                "widened": bool(auto["widened"]),
             }
         if wake_holds is not None:
             listed = list(wake_holds)[:MAX_HOLDS]

@@ -242,9 +242,15 @@ clock = cpupin.StepClock("execute_model")
 for _ in range(5):
     with clock.step():
         sum(range(1000))
+try:
+    import setproctitle
+    setproctitle.setproctitle("VLLM::Worker_DP1_TP1")  # what vLLM 0.32 calls a worker
+except ImportError:
+    pass
 registry.describe_process(role="vllm-worker", notes=["moved 3 thread(s)"],
                           steps=[registry.step_figures(clock)],
-                          server=tuple(int(x) for x in sys.argv[1].split("-")))
+                          server=tuple(int(x) for x in sys.argv[1].split("-")),
+                          auto={"moved": 3, "confined": {1}, "widened": False})
 print(clock.steps, os.getpid(), flush=True)
 if sys.argv[2] == "killed":
     os._exit(0)          # as SIGKILL: no atexit, the record stays
@@ -359,7 +365,7 @@ def test_prune_members_waits_for_a_member_a_group_signal_ends_a_moment_later(tmp
     assert os.listdir(tmp_path) == []
 
 
-BAD_FIELDS = st.sampled_from(["role", "notes", "steps", "server"])
+BAD_FIELDS = st.sampled_from(["role", "notes", "steps", "server", "auto"])
 BAD_VALUES = st.one_of(
     st.integers(),
     st.text(max_size=5),
@@ -368,6 +374,13 @@ BAD_VALUES = st.one_of(
     st.just([1, -1]),
     st.just([{"clock": "x"}]),
     st.just(["x"] * 17),
+    st.fixed_dictionaries(
+        {
+            "moved": st.one_of(st.integers(), st.text(max_size=3), st.none()),
+            "confined": st.one_of(st.text(max_size=6), st.lists(st.integers(), max_size=3)),
+            "widened": st.one_of(st.booleans(), st.integers(0, 1), st.none()),
+        }
+    ),
 )
 
 
@@ -394,6 +407,8 @@ def test_a_record_with_a_bad_field_is_refused_with_a_reason_never_raises(field, 
         return
     # accepted: then every field is what a record may hold
     assert isinstance(got.role, str) and len(got.notes) <= 16 and len(got.steps) <= 8
+    assert 0 <= got.auto.moved <= 1 << 20 and isinstance(got.auto.widened, bool)
+    assert got.auto.confined <= _native.online_cpus()
 
 
 def test_our_pool_variables_are_dropped_where_vllm_sizes_the_pools(monkeypatch):
@@ -456,20 +471,33 @@ def test_server_steps_collector_exports_its_descendants_records(tmp_path):
         assert grandchild != shell.pid
         orphan = _ready(stranger)
         collectors = CollectorRegistry(auto_describe=False)
-        collectors.register(ServerStepsCollector(os.getpid(), str(tmp_path)))
+        collectors.register(ServerStepsCollector(os.getpid(), str(tmp_path), "tiny"))
         text = generate_latest(collectors).decode()
-        assert (
-            f'cpupin_step_wait_seconds_count{{clock="execute_model",pid="{grandchild}"}} 5.0'
-            in text
-        )
-        assert f'cpupin_process_role{{pid="{grandchild}",role="vllm-worker"}} 1.0' in text
+        # vLLM's own labels, and the place in the server the title gives
+        # (where setproctitle, which vLLM brings, is here to set one)
+        try:
+            import setproctitle  # noqa: F401
+
+            engine, rank = "1", "TP1"
+        except ImportError:
+            engine, rank = "0", "0"
+        labels = f'engine="{engine}",model_name="tiny",rank="{rank}",role="worker"'
+        assert f'cpupin_step_wait_seconds_count{{clock="execute_model",{labels}}} 5.0' in text
+        assert f"cpupin_vllm_moved_threads{{{labels}}} 3.0" in text
+        assert f"cpupin_vllm_confined_cpus{{{labels}}} 1.0" in text
+        assert f"cpupin_vllm_confinement_widened{{{labels}}} 0.0" in text
+        assert f"cpupin_wake_latency_holds{{{labels}}} 0.0" in text
+        # no series per pid or thread
+        assert "pid=" not in text and "tid=" not in text, text
         # the same record's figures through cpupin ps --prometheus
         out = run([*CPUPIN, "ps", "--prometheus", "--lock-dir", str(tmp_path)])
         assert (
             f'cpupin_step_seconds_total{{clock="execute_model",pid="{grandchild}"}}' in out.stdout
         )
-        # a process that is not the server's is not in the server's /metrics
-        assert f'pid="{orphan}"' not in text
+        # a process that is not the server's is not in the server's /metrics:
+        # the only worker there is the grandchild (its moved threads once)
+        assert text.count("cpupin_vllm_moved_threads{") == 1, text
+        assert orphan != grandchild
     finally:
         shell.communicate("")
         stranger.communicate("")
