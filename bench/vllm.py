@@ -20,7 +20,11 @@ hits all of them alike:
 
 ``--quota N`` runs every case a second time inside a cgroup with a quota of
 N CPUs, which it makes for the run and removes (root; cgroup v1's cpu
-controller or v2's). Without it no cgroup is made.
+controller or v2's). Without it no cgroup is made. ``--busy N`` runs every
+setting a second time beside N busy processes (Python loops, unpinned, at
+the server's own priority, started before the setting's first server and
+stopped after its last): a host where other work runs. ``widened`` is 1
+where the worker's record says ``auto`` widened its confinement.
 
 Prints the environment, then per case and setting the median over the
 rounds (and the spread, min-max) of tokens/s, request latency p50/p99, the
@@ -43,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -215,8 +220,8 @@ def wait_ns(pid: int) -> int:
         return 0
 
 
-def step_wait_p99(python: str, lock_dir: str, pid: int) -> float | None:
-    """The worker's step wait p99 (µs) from its record, as ``cpupin ps`` shows it."""
+def worker_record(python: str, lock_dir: str) -> dict[str, object]:
+    """The worker's record as ``cpupin ps --json`` shows it (empty when none)."""
     cpupin = str(Path(python).with_name("cpupin"))
     out = subprocess.run(
         [cpupin, "ps", "--json", "--interval", "0.05", "--lock-dir", lock_dir],
@@ -227,13 +232,19 @@ def step_wait_p99(python: str, lock_dir: str, pid: int) -> float | None:
     try:
         listed = json.loads(out.stdout)
     except ValueError:
-        return None
+        return {}
     for proc in listed.get("processes", []):
-        if proc.get("role") != "vllm-worker" or not proc.get("live"):
-            continue
-        for steps in proc.get("steps", []):
-            if steps.get("wait_p99_us") is not None:
-                return float(steps["wait_p99_us"])
+        if proc.get("role") == "vllm-worker" and proc.get("live"):
+            found: dict[str, object] = proc
+            return found
+    return {}
+
+
+def step_wait_p99(record: dict[str, object]) -> float | None:
+    """The step wait p99 (µs) a worker's record carries."""
+    for steps in record.get("steps", []) or []:  # type: ignore[attr-defined]
+        if steps.get("wait_p99_us") is not None:
+            return float(steps["wait_p99_us"])
     return None
 
 
@@ -272,9 +283,14 @@ def run_case(
         result = load(port, args.model, args.requests, args.concurrency, args.max_tokens)
         if worker:
             result["worker_wait_ms_per_s"] = (wait_ns(worker) - before) / 1e6 / result["seconds"]
-            p99 = step_wait_p99(args.python, lock_dir, worker)
+            record = worker_record(args.python, lock_dir)
+            p99 = step_wait_p99(record)
             if p99 is not None:
                 result["step_wait_p99_us"] = p99
+            if case.startswith("auto"):
+                notes = record.get("notes", []) or []
+                said = any(str(n).startswith("confinement widened") for n in notes)  # type: ignore[attr-defined]
+                result["widened"] = float(said)
         return result
     finally:
         os.killpg(proc.pid, signal.SIGINT)
@@ -285,6 +301,18 @@ def run_case(
             proc.wait()
         log.close()
         subprocess.run(["rm", "-rf", lock_dir], check=False)
+
+
+@contextlib.contextmanager
+def busy_neighbours(count: int) -> Iterator[None]:
+    """``count`` busy processes for the block: other work on the host."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def spread(values: list[float]) -> str:
@@ -303,6 +331,9 @@ def main() -> int:
     parser.add_argument("--quota", type=float, default=None, help="also in a quota of N CPUs")
     parser.add_argument("--quota-only", action="store_true", help="skip the unconstrained run")
     parser.add_argument("--port", type=int, default=8031)
+    parser.add_argument(
+        "--busy", type=int, default=0, help="also beside N busy processes (0: quiet only)"
+    )
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - set(CASES)
@@ -323,15 +354,19 @@ def main() -> int:
         args.model = made
     if args.quota_only and not args.quota:
         parser.error("--quota-only needs --quota N")
-    settings: list[float | None] = [] if args.quota_only else [None]
-    settings += [args.quota] if args.quota else []
+    if args.busy < 0:
+        parser.error(f"--busy {args.busy}: a number of processes, 0 or more")
+    quotas: list[float | None] = [] if args.quota_only else [None]
+    quotas += [args.quota] if args.quota else []
+    settings = [(q, b) for q in quotas for b in ([0, args.busy] if args.busy else [0])]
     try:
-        for quota in settings:
+        for quota, busy in settings:
             name = "unconstrained" if quota is None else f"quota of {quota:g} CPU(s)"
+            name += f", {busy} busy" if busy else ", quiet"
             samples: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
             # A cgroup is made only for a quota asked for (--quota).
             group = quota_cgroup(quota) if quota is not None else contextlib.nullcontext(None)
-            with group as cg:
+            with group as cg, busy_neighbours(busy):
                 if quota is not None and cg is None:
                     print(f"{name}: skipped (needs root and a cgroup cpu controller)")
                     continue
@@ -349,7 +384,7 @@ def main() -> int:
             print(f"\n{name}: median (min-max) over {args.rounds} rounds")
             print(
                 f"  {'case':14} {'tokens/s':>22} {'p50 ms':>22} {'p99 ms':>22} "
-                f"{'worker wait ms/s':>22} {'step wait p99 µs':>22}"
+                f"{'worker wait ms/s':>22} {'step wait p99 µs':>22} {'widened':>8}"
             )
             for case in cases:
                 rows = samples[case]
@@ -360,9 +395,11 @@ def main() -> int:
                     values = [row[key] for row in rows if key in row]
                     return f"{spread(values):>22}" if values else f"{'-':>22}"
 
+                widened = [row["widened"] for row in rows if "widened" in row]
                 print(
                     f"  {case:14} {col('tokens_per_s')} {col('p50_ms')} {col('p99_ms')} "
-                    f"{col('worker_wait_ms_per_s')} {col('step_wait_p99_us')}"
+                    f"{col('worker_wait_ms_per_s')} {col('step_wait_p99_us')} "
+                    f"{(f'{sum(widened):.0f}/{len(widened)}' if widened else '-'):>8}"
                 )
             base = (
                 statistics.median(s["tokens_per_s"] for s in samples.get("alone", []))
@@ -372,7 +409,12 @@ def main() -> int:
             if base:
                 for case in (c for c in cases if samples[c]):
                     tps = statistics.median(s["tokens_per_s"] for s in samples[case])
-                    print(f"  {case:14} {tps / base:.3f}x alone's tokens/s")
+                    p99 = statistics.median(s["p99_ms"] for s in samples[case])
+                    base_p99 = statistics.median(s["p99_ms"] for s in samples["alone"])
+                    print(
+                        f"  {case:14} {tps / base:.3f}x alone's tokens/s, "
+                        f"{p99 / base_p99:.3f}x its request p99"
+                    )
             print()
     finally:
         if made:

@@ -12,6 +12,7 @@ from cpupin.cli import _args
 from cpupin.cli._pools import memory_lines, pool_lines
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
+from cpupin.host._proc import descendants
 from cpupin.host.numa_memory import memory_summary
 from cpupin.measure.sampling import Audit, Sampler, ThreadSample, audit, process_mask_of
 from cpupin.pools.census import Census, census, pool_name
@@ -373,34 +374,6 @@ def _print_audit(
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-#: The most processes ``threads --tree`` lists.
-MAX_TREE = 256
-
-
-def descendants(pid: int) -> list[tuple[int, int]]:
-    """``pid``'s descendants as (pid, parent), parents first, read from each
-    process's ``stat`` (at most :data:`MAX_TREE`)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                text = f.read(4096)
-            parent = int(text[text.rfind(b")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    out: list[tuple[int, int]] = []
-    todo = [pid]
-    while todo and len(out) < MAX_TREE:
-        parent = todo.pop(0)
-        for child in sorted(children.get(parent, [])):
-            out.append((child, parent))
-            todo.append(child)
-    return out[:MAX_TREE]
 
 
 def _title(pid: int) -> str:

@@ -19,7 +19,7 @@ def _cwd() -> str:
 #: that changes directory later still meets its peers in the same place.
 START_CWD = _cwd()
 
-__all__ = ["euid_of", "exited", "own_start", "start_time"]
+__all__ = ["descendants", "euid_of", "exited", "own_start", "start_time"]
 
 
 def start_time(pid: int, tid: int | None = None) -> int | None:
@@ -78,3 +78,31 @@ def exited(pid: int, started: int) -> bool:
         return fields[0] in (b"Z", b"X") or int(fields[19]) != started
     except (IndexError, ValueError):
         return True
+
+
+#: The most descendants :func:`descendants` lists (``threads --tree``).
+MAX_TREE = 256
+
+
+def descendants(pid: int) -> list[tuple[int, int]]:
+    """``pid``'s descendants as (pid, parent), parents first, read from each
+    process's ``stat`` (at most :data:`MAX_TREE`)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                text = f.read(4096)
+            parent = int(text[text.rfind(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    out: list[tuple[int, int]] = []
+    todo = [pid]
+    while todo and len(out) < MAX_TREE:
+        parent = todo.pop(0)
+        for child in sorted(children.get(parent, [])):
+            out.append((child, parent))
+            todo.append(child)
+    return out[:MAX_TREE]

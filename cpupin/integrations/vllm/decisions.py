@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from cpupin.host.openmp import omp_team_cpus
 from cpupin.host.topology import Host
@@ -20,12 +21,17 @@ __all__ = [
     "ROLES",
     "VLLM_BIND",
     "VLLM_SIZED",
+    "Confinement",
+    "Pressure",
     "avoid_teams",
     "bound_lists",
     "omp_plan",
     "cap_lists",
     "env_warnings",
     "mode_from_env",
+    "model_name_of",
+    "next_confinement",
+    "host_pressure",
     "omp_cpus",
     "quota_cpus",
     "role_of",
@@ -308,3 +314,100 @@ def quota_cpus(mask: frozenset[int], capacity: int, host: Host | None = None) ->
         if depth < len(own)
     ]
     return frozenset(order[:capacity])
+
+
+# --- auto on a busy host: confine only while it pays --------------------------
+
+#: ``auto`` widens the threads it confined to the CPUs vLLM reserves (back to
+#: the launcher's CPUs, as vLLM alone runs them) when the launcher's CPUs
+#: are full (less than :data:`FULL_BELOW` CPUs' worth idle) and work from
+#: outside the server takes at least :data:`OUTSIDE_AT` CPUs' worth of
+#: them ...
+OUTSIDE_AT = 0.5
+FULL_BELOW = 0.5
+#: ... in :data:`WIDEN_AFTER` samples in a row (one a second); and confines
+#: them again after :data:`NARROW_AFTER` samples in a row in which outside
+#: work stayed below :data:`OUTSIDE_GONE` or the CPUs had a whole CPU idle.
+WIDEN_AFTER = 3
+OUTSIDE_GONE = 0.2
+NARROW_AFTER = 30
+
+
+class Confinement(NamedTuple):
+    """Where ``auto``'s confinement stands: ``widened`` (the confined
+    threads are back on the launcher's CPUs) and how many samples in a row
+    have argued for changing that."""
+
+    widened: bool = False
+    streak: int = 0
+
+
+class Pressure(NamedTuple):
+    """The launcher's CPUs over one sample, in CPUs' worth: the work of
+    tasks outside the server, and the time no task ran."""
+
+    outside: float
+    idle: float
+
+
+def host_pressure(
+    busy_s: Mapping[int, float], seconds: float, cpus: frozenset[int], server_s: float
+) -> Pressure:
+    """:class:`Pressure` on ``cpus`` (the launcher's) over a sample of
+    ``seconds``: ``busy_s`` each CPU's busy seconds in it (``/proc/stat``),
+    ``server_s`` the CPU seconds of every thread of the server (which all
+    run within ``cpus``). Pure; never below 0.
+
+    Why the whole mask, not only the reserved CPUs: confined, the server's
+    other threads make the reserved CPUs look loaded, and the kernel's
+    balancer moves outside work onto the OpenMP CPUs, where it delays the
+    step; the work lands anywhere, and what it costs shows only when the
+    CPUs are full."""
+    if not cpus or seconds <= 0:
+        return Pressure(0.0, 0.0)
+    busy = sum(max(0.0, busy_s.get(cpu, 0.0)) for cpu in cpus) / seconds
+    outside = max(0.0, busy - max(0.0, server_s) / seconds)
+    return Pressure(outside, max(0.0, len(cpus) - busy))
+
+
+def next_confinement(state: Confinement, seen: Pressure) -> tuple[Confinement, str | None]:
+    """The state after one sample, and what to do now: ``"widen"``, after
+    :data:`WIDEN_AFTER` samples in a row of full CPUs with outside work on
+    them (confined threads and the step queue behind it); ``"narrow"``,
+    after :data:`NARROW_AFTER` samples in a row with that work gone or room
+    to spare; else ``None``. Pure; the gap between the two conditions and
+    the longer wait to narrow keep a load near either from moving threads
+    back and forth."""
+    if not state.widened:
+        crowded = seen.outside >= OUTSIDE_AT and seen.idle < FULL_BELOW
+        streak = state.streak + 1 if crowded else 0
+        if streak >= WIDEN_AFTER:
+            return Confinement(True, 0), "widen"
+        return Confinement(False, streak), None
+    eased = seen.outside < OUTSIDE_GONE or seen.idle >= 1.0
+    streak = state.streak + 1 if eased else 0
+    if streak >= NARROW_AFTER:
+        return Confinement(False, 0), "narrow"
+    return Confinement(True, streak), None
+
+
+def model_name_of(argv: list[str]) -> str:
+    """The ``model_name`` label vLLM gives its own metrics, from the API
+    server's command line: the first ``--served-model-name``, else
+    ``--model``, else the model ``vllm serve`` names (its first argument);
+    empty when none is given. Pure; the text is cut to 128 characters."""
+    from cpupin.errors import printable
+
+    def value_of(flag: str) -> str | None:
+        for i, word in enumerate(argv):
+            if word == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if word.startswith(flag + "="):
+                return word[len(flag) + 1 :]
+        return None
+
+    name = value_of("--served-model-name") or value_of("--model")
+    if name is None and "serve" in argv[:3]:
+        rest = argv[argv.index("serve") + 1 :]
+        name = rest[0] if rest and not rest[0].startswith("-") else None
+    return printable(name or "", 128)

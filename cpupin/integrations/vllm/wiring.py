@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,11 +21,16 @@ from cpupin.integrations.vllm.decisions import (
     ENV_SERVER,
     VLLM_BIND,
     VLLM_SIZED,
+    WIDEN_AFTER,
+    Confinement,
     avoid_teams,
     bound_lists,
     cap_lists,
     env_warnings,
+    host_pressure,
     mode_from_env,
+    model_name_of,
+    next_confinement,
     omp_cpus,
     omp_plan,
     quota_cpus,
@@ -202,8 +208,24 @@ def _publish(steps: list[dict[str, Any]] | None = None) -> None:
     from cpupin.registry import writer as registry
 
     registry.describe_process(
-        role=_state["role"], notes=_notes, steps=steps, server=_server_of(os.environ)
+        role=_state["role"],
+        notes=_notes,
+        steps=steps,
+        server=_server_of(os.environ),
+        auto=_acts(),
     )
+
+
+def _acts() -> dict[str, Any] | None:
+    """What ``auto`` did in this process, for its record (and so for the
+    metrics): the threads it moved, where they are confined (nothing once
+    widened), and whether it widened them; ``None`` before it did anything."""
+    moved = _state.get("moved_total")
+    if moved is None:
+        return None
+    widened = bool(_state.get("widened"))
+    confined = frozenset() if widened else _state.get("confined", frozenset())
+    return {"moved": moved, "confined": confined, "widened": widened}
 
 
 def _server_of(environ: Mapping[str, str]) -> tuple[int, int] | None:
@@ -493,7 +515,8 @@ def _publisher(mode: str, wake: threading.Event) -> None:
         wake.clear()
         try:
             if mode == "auto" and where and where[1]:
-                _sweep(where[0], where[1], keep_team=True)
+                if not _watch_pressure(where[1], launcher):
+                    _sweep(where[0], where[1], keep_team=True)
             clock = _state.get("clock")
             if clock is not None and clock.steps != seen:
                 seen = clock.steps
@@ -501,6 +524,103 @@ def _publisher(mode: str, wake: threading.Event) -> None:
         except Exception as exc:  # noqa: BLE001
             log.warning("cpupin: the vLLM plugin's publisher stops: %s", exc)
             return
+
+
+def _watch_pressure(kept: frozenset[int], launcher: frozenset[int]) -> bool:
+    """One sample of the work from outside the server on ``kept`` (the
+    CPUs ``auto`` confines the server's other threads to), and what
+    :func:`next_confinement` makes of it: widen the confined threads of
+    this worker, its engine core and the API server to the launcher's
+    CPUs, or confine them again. Returns whether they are widened now (the
+    caller then moves no new thread onto ``kept``)."""
+    from cpupin.host._proc import descendants
+    from cpupin.host.cpu_busy import read_cpu_busy
+
+    watch: dict[str, Any] = _state.setdefault(
+        "watch", {"state": Confinement(), "pids": [], "pids_at": None, "last": None}
+    )
+    now = time.monotonic()
+    root = (_server_of(os.environ) or (os.getppid(), 0))[0]
+    if watch["pids_at"] is None or now - watch["pids_at"] >= 10:
+        # The server's processes: the API server (else the engine core) and
+        # every process below it, read again every ten seconds.
+        watch["pids"] = [root, *(pid for pid, _ in descendants(root))]
+        watch["pids_at"] = now
+    busy, ran = read_cpu_busy(), _server_cpu(watch["pids"])
+    last, watch["last"] = watch["last"], (now, busy, ran)
+    if last is None:
+        return bool(watch["state"].widened)
+    then, busy_then, ran_then = last
+    seen = host_pressure(
+        {cpu: s - busy_then[cpu] for cpu, s in busy.items() if cpu in busy_then},
+        now - then,
+        launcher,
+        sum(ns - ran_then[k] for k, ns in ran.items() if k in ran_then) / 1e9,
+    )
+    watch["state"], action = next_confinement(watch["state"], seen)
+    if action is not None:
+        mine = [os.getpid(), os.getppid(), root]
+        _notes[:] = [n for n in _notes if not n.startswith("confinement ")]
+        _state["widened"] = action == "widen"
+        if action == "widen":
+            watch["widened"] = _move_all(mine, kept, launcher)
+            _note(
+                f"confinement widened: CPU {format_cpulist(launcher)} full for {WIDEN_AFTER} s, "
+                f"{seen.outside:.1f} CPU of it work from outside the server; "
+                f"{len(watch['widened'])} thread(s) off CPU {format_cpulist(kept)}, back on "
+                f"CPU {format_cpulist(launcher)} as vLLM alone runs them, until it eases"
+            )
+        else:
+            back = _move_all(mine, launcher, kept, only=watch.pop("widened", set()))
+            _note(
+                f"confinement back: outside work on CPU {format_cpulist(launcher)} eased; "
+                f"{len(back)} thread(s) on CPU {format_cpulist(kept)} again"
+            )
+        _publish()
+    return bool(watch["state"].widened)
+
+
+def _server_cpu(pids: list[int]) -> dict[tuple[int, int], int]:
+    """Every thread of the server's processes: its CPU time (ns)."""
+    from cpupin import _native
+
+    out = {}
+    for pid in pids:
+        try:
+            listed = _native.thread_stats(pid)
+        except (OSError, ValueError):
+            continue  # exited since it was listed
+        for st in listed:
+            out[(pid, st.tid)] = st.run_ns
+    return out
+
+
+def _move_all(
+    pids: list[int],
+    where: frozenset[int],
+    to: frozenset[int],
+    only: set[tuple[int, int]] | None = None,
+) -> set[tuple[int, int]]:
+    """Move every thread of ``pids`` whose mask is ``where`` (and, given
+    ``only``, that is one of those (pid, tid)) to ``to``; returns those
+    moved."""
+    from cpupin import _native
+    from cpupin.process.mask import thread_masks
+
+    moved = set()
+    for pid in dict.fromkeys(pids):
+        try:
+            listed = thread_masks(pid)
+        except (OSError, ValueError):
+            continue
+        for st, mask in listed:
+            if mask == where and (only is None or (pid, st.tid) in only):
+                try:
+                    _native.set_affinity(to, st.tid)
+                    moved.add((pid, st.tid))
+                except (OSError, ValueError):
+                    continue  # exited meanwhile
+    return moved
 
 
 def _omp_split(launcher: frozenset[int]) -> tuple[frozenset[int], frozenset[int]] | None:
@@ -535,6 +655,8 @@ def _sweep(
         except (OSError, ValueError):
             continue  # exited meanwhile
     if moved:
+        _state["moved_total"] = _state.get("moved_total", 0) + len(moved)
+        _state["confined"] = reserved
         # One note a process, brought up to date at each sweep that moves
         # threads (the worker's start new ones while vLLM sets up).
         tally: dict[str, int] = _state.setdefault(f"moved {target}", {})
@@ -844,8 +966,8 @@ def _parent_is_api_server(pid: int) -> bool:
 
 
 def _export_metrics() -> None:
-    """Add every server process's step figures (from the records) to the
-    registry vLLM's ``/metrics`` serves (``prometheus_client``'s default;
+    """Add every server process's step figures and what ``auto`` did in it
+    (from the records) to the registry vLLM's ``/metrics`` serves (``prometheus_client``'s default;
     with several API servers vLLM serves a multiprocess registry instead:
     use ``cpupin ps --prometheus`` there)."""
     try:
@@ -855,4 +977,4 @@ def _export_metrics() -> None:
         return
     from cpupin.measure.metrics import ServerStepsCollector
 
-    REGISTRY.register(ServerStepsCollector(os.getpid()))
+    REGISTRY.register(ServerStepsCollector(os.getpid(), model_name=model_name_of(sys.argv)))
