@@ -176,6 +176,30 @@ class Server:
         finally:
             self.log.close()
 
+    def stop_group(self, sig):
+        """``sig`` to the whole process group at once, as systemd
+        (KillMode=control-group, SIGTERM) and a terminal's Ctrl-C (SIGINT)
+        stop a server: the engine core and the workers get it before the
+        API server can end them. Returns the API server's exit code."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(f"the server did not stop within 60 s of {sig!r}") from None
+        finally:
+            self.log.close()
+
+    def no_records_left(self):
+        """No record is left in the server's lock directory (the group's
+        last members may outlive the API server by a moment)."""
+        assert wait_for(lambda: not records_left(self.lock_dir), 20), (
+            records_left(self.lock_dir),
+            Path(self.lock_dir, "server.log").read_text(errors="replace")[-3000:],
+        )
+
     def ps(self):
         return {p["role"]: p for p in self.processes()}
 
@@ -336,9 +360,9 @@ def test_observe_records_every_process_times_every_step_and_leaves_nothing(model
         )
         assert head, out.stdout
     finally:
-        code = server.stop()
-    assert code == 0, server.tail()
-    assert records_left(tmp_path) == [], server.tail()
+        # stopped as systemd stops it: SIGTERM to the whole group at once
+        server.stop_group(signal.SIGTERM)
+    server.no_records_left()
 
 
 def test_auto_keeps_every_other_thread_off_the_openmp_cpus(model, tmp_path):
@@ -409,27 +433,23 @@ def test_auto_keeps_every_other_thread_off_the_openmp_cpus(model, tmp_path):
         moved = re.search(r'^cpupin_vllm_moved_threads{[^}]*role="worker"} (\S+)', text, re.M)
         assert status == 200 and moved and float(moved.group(1)) > 0, text[-2000:]
         server.load(8)  # still serving after the moves
+        beside_busy_processes(server, omp)
     finally:
-        code = server.stop()
-    assert code == 0, server.tail()
-    assert records_left(tmp_path) == [], server.tail()
+        # stopped as Ctrl-C at a terminal stops it: SIGINT to the whole group
+        server.stop_group(signal.SIGINT)
+    server.no_records_left()
 
 
-def test_auto_beside_busy_processes_widens_what_it_confined_and_says_so(model, tmp_path):
+def beside_busy_processes(server, omp):
     """Issue 35: confined to the CPU vLLM reserves, the server's other
-    threads queue behind outside work there, and the kernel moves that work
-    onto the OpenMP CPU (0.3-0.5x vLLM alone's tokens/s here). Beside two
-    busy processes on two CPUs, auto gives them the launcher's CPUs back,
-    as vLLM alone runs them, and says so in the worker's record and vLLM's
-    log (``bench/vllm.py --busy 2`` measures what it is worth)."""
-    launcher = frozenset(os.sched_getaffinity(0))
-    if len(launcher) < 2:
-        pytest.fail("a CPU reserved beside the OpenMP CPU needs two CPUs in the mask")
+    threads made it look loaded, the kernel moved outside work onto the
+    OpenMP CPU, and auto served 0.3-0.5x vLLM alone's tokens/s beside two
+    busy processes. With two busy processes on the two CPUs, auto gives
+    the threads it confined the launcher's CPUs back, as vLLM alone runs
+    them, and says so in the worker's record, vLLM's log and /metrics
+    (``bench/vllm.py --busy 2`` measures what it is worth)."""
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    server = None
     try:
-        server = Server(model, "auto", tmp_path)
-        server.load(8)
 
         def widened():
             procs = server.ps()
@@ -438,8 +458,6 @@ def test_auto_beside_busy_processes_widens_what_it_confined_and_says_so(model, t
 
         procs = wait_for(widened, seconds=60)
         assert procs, server.ps()["vllm-worker"]["notes"]
-        worker = procs["vllm-worker"]["pid"]
-        omp = masks(worker)[worker][1]
         for role in ("vllm-api-server", "vllm-engine-core"):
             pid = procs[role]["pid"]
             for tid, (name, mask) in masks(pid).items():
@@ -447,13 +465,13 @@ def test_auto_beside_busy_processes_widens_what_it_confined_and_says_so(model, t
                 # the plugin moved there is back on the launcher's CPUs
                 assert mask & omp, (role, tid, name, sorted(mask))
         assert "cpupin: confinement widened: CPU" in server.tail(), server.tail()
+        _, text = get(server.port, "/metrics")
+        assert re.search(r'^cpupin_vllm_confinement_widened{[^}]*role="worker"} 1\.0', text, re.M)
         server.load(8)  # still serving
     finally:
         for p in busy:
             p.kill()
             p.wait()
-        code = server.stop() if server is not None else 0
-    assert code == 0, server.tail()
 
 
 def a_cpu_a_rank(model, tmp_path, size_flag):
@@ -535,31 +553,6 @@ def test_two_data_parallel_engines_under_auto_move_nothing_onto_each_others_open
     finally:
         code = server.stop()
     assert code == 0, server.tail()
-
-
-@pytest.mark.parametrize("mode", ["observe", "auto"])
-def test_a_server_stopped_as_systemd_stops_it_leaves_no_record(model, tmp_path, mode):
-    """SIGTERM to the whole process group (systemd's KillMode=control-group,
-    a terminal's group): every process gets it at once, the engine core and
-    the workers before the API server can end them; none leaves a record."""
-    server = Server(model, mode, tmp_path)
-    try:
-        server.load(2)
-        assert {p["role"] for p in server.processes()} >= {"vllm-worker", "vllm-engine-core"}
-    finally:
-        if server.proc.poll() is None:
-            os.killpg(server.proc.pid, signal.SIGTERM)
-        try:
-            server.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.proc.pid, signal.SIGKILL)
-            server.proc.wait()
-        server.log.close()
-    # the group's last members may outlive the API server by a moment
-    assert wait_for(lambda: not records_left(tmp_path), 20), (
-        records_left(tmp_path),
-        Path(tmp_path, "server.log").read_text(errors="replace")[-3000:],
-    )
 
 
 def test_a_second_server_under_auto_puts_its_team_on_a_cpu_no_other_team_uses(model, tmp_path):
