@@ -160,6 +160,28 @@ def _device(kind: str, text: str, host: Host) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.emit is not None:
         return _emit(args)
+    _refuse_emit_flags(args)
+    _note_ignored(args)
+    setting = setting_from_env() if args.setting is None else parse_setting(args.setting)
+    host, title, mask = _args.load_host(args)
+    allowed = _args.mask_arg(args.mask, host, mask) & host.cpus
+    if not allowed:
+        raise ValueError(f"the process mask names no online CPU of {title}")
+    servers = _servers_to_place(args, host, title, allowed, setting)
+    if servers is None:
+        return 0
+    placements = [place(host, allowed, devices, setting) for devices in servers]
+    # Under off, what auto would do too: the question a user of off asks.
+    autos = (
+        [place(host, allowed, devices, "auto") for devices in servers] if setting == "off" else None
+    )
+    _show(args, host, title, allowed, setting, placements, autos)
+    return 0
+
+
+def _refuse_emit_flags(args: argparse.Namespace) -> None:
+    """The arguments that mean something only with ``--emit``, refused
+    without it."""
     for flag, given in (
         ("--ranks", args.ranks is not None),
         ("--node", args.node is not None),
@@ -169,34 +191,41 @@ def run(args: argparse.Namespace) -> int:
     ):
         if given:
             raise ValueError(f"{flag} goes with --emit: cpupin plan --emit slurm {flag} ...")
-    _note_ignored(args)
-    setting = setting_from_env() if args.setting is None else parse_setting(args.setting)
-    host, title, mask = _args.load_host(args)
-    allowed = _args.mask_arg(args.mask, host, mask) & host.cpus
-    if not allowed:
-        raise ValueError(f"the process mask names no online CPU of {title}")
-    if args.all_gpus or not args.entries:
-        if not host.gpus and not args.entries:
-            if setting != "off":
-                raise ValueError(
-                    f"{title} has no GPU, so {setting} has no device to place by: "
-                    + _slots(host, allowed)
-                )
-            # What the user asked for holds: nothing is pinned. Say how to
-            # see a placement here, without calling it an error.
-            print(
-                f"{title}: step_thread_core off (the default), so nothing is pinned. It "
-                f"has no GPU for auto to place by; to see a placement, " + _slots(host, allowed)
-            )
-            return 0
-        servers = [[g.address] for g in host.gpus]
-    else:
-        servers = [[_device(kind, text, host) for kind, text in args.entries]]
-    placements = [place(host, allowed, devices, setting) for devices in servers]
-    # Under off, what auto would do too: the question a user of off asks.
-    autos = (
-        [place(host, allowed, devices, "auto") for devices in servers] if setting == "off" else None
+
+
+def _servers_to_place(
+    args: argparse.Namespace, host: Host, title: str, allowed: frozenset[int], setting: object
+) -> list[list[str]] | None:
+    """The devices of each server to place: the one the arguments name, or
+    one a host GPU; ``None`` (having said why) on a host with no GPU under
+    ``off``, where nothing is pinned."""
+    if args.entries and not args.all_gpus:
+        return [[_device(kind, text, host) for kind, text in args.entries]]
+    if host.gpus or args.entries:
+        return [[g.address] for g in host.gpus]
+    if setting != "off":
+        raise ValueError(
+            f"{title} has no GPU, so {setting} has no device to place by: " + _slots(host, allowed)
+        )
+    # What the user asked for holds: nothing is pinned. Say how to see a
+    # placement here, without calling it an error.
+    print(
+        f"{title}: step_thread_core off (the default), so nothing is pinned. It "
+        f"has no GPU for auto to place by; to see a placement, " + _slots(host, allowed)
     )
+    return None
+
+
+def _show(
+    args: argparse.Namespace,
+    host: Host,
+    title: str,
+    allowed: frozenset[int],
+    setting: object,
+    placements: list[Placement],
+    autos: list[Placement] | None,
+) -> None:
+    """The placements as JSON or drawn, with what auto would do under off."""
     base = CpuPlan.for_host(host, allowed)
     if args.json:
         data: dict[str, object] = {
@@ -210,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         if autos is not None:
             data["with_auto"] = {"setting": "auto", "servers": _servers(base, autos)}
         _args.print_json(data)
-        return 0
+        return
     print(
         f"{title}\nsetting {setting}, mask {format_cpulist(allowed)} ({len(allowed)} CPUs); "
         "a dry run: no lock taken"
@@ -219,7 +248,6 @@ def run(args: argparse.Namespace) -> int:
     if autos is not None:
         print("with auto instead of off (what auto would do on this host and mask):")
         _draw(host, allowed, autos, base)
-    return 0
 
 
 def _ranks(args: argparse.Namespace, host: Host) -> int:
