@@ -13,6 +13,7 @@ from cpupin.cli import _args
 from cpupin.cli._pools import memory_lines, pool_lines, throttle_text
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
+from cpupin.host._proc import argv_of
 from cpupin.measure.sampling import host_view
 from cpupin.registry.prune import prune
 from cpupin.registry.reader import Registry, read_registry
@@ -96,21 +97,11 @@ def _vllm_servers(processes: object) -> list[dict[str, object]]:
 
     groups = server_groups(processes if isinstance(processes, list) else [])
     for group in groups:
-        argv = _argv(group["api_pid"]) if group["api_live"] else []
+        pid = group["api_pid"]
+        argv = argv_of(pid) if group["api_live"] and isinstance(pid, int) else []
         group["command"] = printable(" ".join(argv), 160) if argv else None
         group["port"] = server_port(argv)
     return groups
-
-
-def _argv(pid: object) -> list[str]:
-    if not isinstance(pid, int):
-        return []
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            words = f.read(4096).split(b"\0")
-    except OSError:
-        return []
-    return [w.decode("utf-8", "replace") for w in words if w][:64]
 
 
 def _prune_irqs(where: str) -> list[str]:

@@ -19,7 +19,7 @@ def _cwd() -> str:
 #: that changes directory later still meets its peers in the same place.
 START_CWD = _cwd()
 
-__all__ = ["descendants", "euid_of", "exited", "own_start", "start_time"]
+__all__ = ["argv_of", "descendants", "euid_of", "exited", "own_start", "start_time"]
 
 
 def start_time(pid: int, tid: int | None = None) -> int | None:
@@ -43,6 +43,20 @@ def start_time(pid: int, tid: int | None = None) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def argv_of(pid: int, limit: int = 4096) -> list[str]:
+    """A process's command line (``/proc/<pid>/cmdline``, its first
+    ``limit`` bytes, at most 64 words; a title a process set is its first
+    word), undecodable bytes replaced; empty when it is gone or has none (a
+    kernel thread). Not yet printable: callers quote it through
+    :func:`cpupin.errors.printable`."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read(limit).split(b"\0")
+    except OSError:
+        return []
+    return [w.decode("utf-8", "replace") for w in words if w][:64]
 
 
 def own_start() -> int:

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from cpupin.cpulist import format_cpulist
+from cpupin.host._proc import argv_of
 from cpupin.host._sysfs import Reader
 from cpupin.host.cgroup import Quota
 from cpupin.host.numa_memory import memory_by_node
@@ -383,14 +384,6 @@ def vllm_labels(title: str) -> tuple[str, str]:
     return str(int(engine)), rank
 
 
-def _title_of(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read(256).split(b"\0")[0].decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 _SERVER_LABELS = ["model_name", "engine", "role", "rank"]
 
 
@@ -490,7 +483,7 @@ class ServerStepsCollector:
                 continue
             if record.pid != self.pid and self.pid not in _ancestors(record.pid):
                 continue
-            engine, rank = vllm_labels(_title_of(record.pid))
+            engine, rank = vllm_labels((argv_of(record.pid, 256) or [""])[0])
             role = record.role.removeprefix("vllm-") or "process"
             labels = [self.model_name, engine, role, rank]
             if tuple(labels) in seen:

@@ -223,7 +223,8 @@ def _acts() -> dict[str, Any] | None:
     moved = _state.get("moved_total")
     if moved is None:
         return None
-    widened = bool(_state.get("widened"))
+    watch = _state.get("watch")
+    widened = bool(watch and watch["state"].widened)
     confined = frozenset() if widened else _state.get("confined", frozenset())
     return {"moved": moved, "confined": confined, "widened": widened}
 
@@ -527,12 +528,13 @@ def _publisher(mode: str, wake: threading.Event) -> None:
 
 
 def _watch_pressure(kept: frozenset[int], launcher: frozenset[int]) -> bool:
-    """One sample of the work from outside the server on ``kept`` (the
-    CPUs ``auto`` confines the server's other threads to), and what
-    :func:`next_confinement` makes of it: widen the confined threads of
-    this worker, its engine core and the API server to the launcher's
-    CPUs, or confine them again. Returns whether they are widened now (the
-    caller then moves no new thread onto ``kept``)."""
+    """One sample of the launcher's CPUs (:func:`host_pressure`: the work
+    of tasks outside the server on them, and their idle time), and what
+    :func:`next_confinement` makes of it: give the threads of this worker,
+    its engine core and the API server that ``auto`` confined to ``kept``
+    the launcher's CPUs back, or confine exactly those again. Returns
+    whether they are widened now (the caller then moves no new thread onto
+    ``kept``)."""
     from cpupin.host._proc import descendants
     from cpupin.host.cpu_busy import read_cpu_busy
 
@@ -561,17 +563,16 @@ def _watch_pressure(kept: frozenset[int], launcher: frozenset[int]) -> bool:
     if action is not None:
         mine = [os.getpid(), os.getppid(), root]
         _notes[:] = [n for n in _notes if not n.startswith("confinement ")]
-        _state["widened"] = action == "widen"
         if action == "widen":
-            watch["widened"] = _move_all(mine, kept, launcher)
+            watch["given_back"] = _move_all(mine, kept, launcher)
             _note(
                 f"confinement widened: CPU {format_cpulist(launcher)} full for {WIDEN_AFTER} s, "
                 f"{seen.outside:.1f} CPU of it work from outside the server; "
-                f"{len(watch['widened'])} thread(s) off CPU {format_cpulist(kept)}, back on "
+                f"{len(watch['given_back'])} thread(s) off CPU {format_cpulist(kept)}, back on "
                 f"CPU {format_cpulist(launcher)} as vLLM alone runs them, until it eases"
             )
         else:
-            back = _move_all(mine, launcher, kept, only=watch.pop("widened", set()))
+            back = _move_all(mine, launcher, kept, only=watch.pop("given_back", set()))
             _note(
                 f"confinement back: outside work on CPU {format_cpulist(launcher)} eased; "
                 f"{len(back)} thread(s) on CPU {format_cpulist(kept)} again"
@@ -967,9 +968,9 @@ def _parent_is_api_server(pid: int) -> bool:
 
 def _export_metrics() -> None:
     """Add every server process's step figures and what ``auto`` did in it
-    (from the records) to the registry vLLM's ``/metrics`` serves (``prometheus_client``'s default;
-    with several API servers vLLM serves a multiprocess registry instead:
-    use ``cpupin ps --prometheus`` there)."""
+    (from the records) to the registry vLLM's ``/metrics`` serves
+    (``prometheus_client``'s default; with several API servers vLLM serves
+    a multiprocess registry instead: use ``cpupin ps --prometheus`` there)."""
     try:
         from prometheus_client import REGISTRY
     except ImportError:
