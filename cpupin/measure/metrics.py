@@ -262,7 +262,9 @@ def _holds_and_steps(
         in_force = []
         drifted = 0
         for record in _records_of(registry, target or 0):
-            _record_steps(record, step_wait, step_wall, step_throttled, info)
+            if record.role:
+                info.add_metric([pid, record.role], 1)
+            _record_steps(record, step_wait, step_wall, step_throttled, [pid])
             in_force += [(h.mechanism, h.cpus, h.max_us, h.since) for h in record.wake_holds]
             drifted += record.pin_drift[0]
         families["drift"].add_metric([pid], drifted)
@@ -342,21 +344,12 @@ def _records_of(registry: Registry | None, pid: int) -> list[Record]:
 
 
 def _record_steps(
-    record: Record,
-    step_wait: Any,
-    step_wall: Any,
-    step_throttled: Any,
-    info: Any,
-    labels: list[str] | None = None,
+    record: Record, step_wait: Any, step_wall: Any, step_throttled: Any, labels: list[str]
 ) -> None:
     """Another process's step figures, as its record carries them, under
-    ``labels`` (else its pid; then ``info`` gets its role)."""
+    ``labels`` (its pid in a host's view; vLLM's labels in a server's)."""
     from cpupin.measure.stepclock import BUCKETS_S
 
-    if labels is None:
-        labels = [str(record.pid)]
-        if record.role:
-            info.add_metric([*labels, record.role], 1)
     for fig in record.steps:
         counts = fig["counts"]
         assert isinstance(counts, list)
@@ -489,9 +482,7 @@ class ServerStepsCollector:
             if tuple(labels) in seen:
                 continue  # one series a label set, the oldest pid's
             seen.add(tuple(labels))
-            _record_steps(
-                record, families["wait"], families["wall"], families["throttled"], None, labels
-            )
+            _record_steps(record, families["wait"], families["wall"], families["throttled"], labels)
             families["moved"].add_metric(labels, record.auto.moved)
             families["confined"].add_metric(labels, len(record.auto.confined))
             families["widened"].add_metric(labels, int(record.auto.widened))
