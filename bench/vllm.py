@@ -24,7 +24,11 @@ controller or v2's). Without it no cgroup is made. ``--busy N`` runs every
 setting a second time beside N busy processes (Python loops, unpinned, at
 the server's own priority, started before the setting's first server and
 stopped after its last): a host where other work runs. ``widened`` is 1
-where the worker's record says ``auto`` widened its confinement.
+where the worker's record says ``auto`` widened its confinement, ``moved``
+the threads its record says ``auto`` moved. A case whose premise fails
+(the plugin not loaded in ``observe`` or ``auto``, loaded in another)
+stops the run with exit 1 and the end of that server's log: CI runs
+``alone`` against ``auto`` with it.
 
 Prints the environment, then per case and setting the median over the
 rounds (and the spread, min-max) of tokens/s, request latency p50/p99, the
@@ -284,6 +288,15 @@ def run_case(
         if worker:
             result["worker_wait_ms_per_s"] = (wait_ns(worker) - before) / 1e6 / result["seconds"]
             record = worker_record(args.python, lock_dir)
+            plugin = case in ("observe", "auto", "auto-held")
+            if plugin != bool(record):
+                # The case's premise does not hold: its figures would mislead.
+                why = (
+                    "published no record: cpupin's plugin did not load"
+                    if plugin
+                    else ("published a record: cpupin's plugin loaded")
+                )
+                raise RuntimeError(f"case {case}: the worker {why}")
             p99 = step_wait_p99(record)
             if p99 is not None:
                 result["step_wait_p99_us"] = p99
@@ -291,7 +304,14 @@ def run_case(
                 notes = record.get("notes", []) or []
                 said = any(str(n).startswith("confinement widened") for n in notes)  # type: ignore[attr-defined]
                 result["widened"] = float(said)
+                acts = record.get("auto") or {}
+                result["moved"] = float(acts.get("moved", 0))  # type: ignore[attr-defined]
         return result
+    except BaseException:
+        log.flush()
+        tail = Path(lock_dir, "server.log").read_bytes()[-3000:].decode(errors="replace")
+        print(f"--- the end of the {case} server's log:\n{tail}", file=sys.stderr)
+        raise
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -384,7 +404,7 @@ def main() -> int:
             print(f"\n{name}: median (min-max) over {args.rounds} rounds")
             print(
                 f"  {'case':14} {'tokens/s':>22} {'p50 ms':>22} {'p99 ms':>22} "
-                f"{'worker wait ms/s':>22} {'step wait p99 µs':>22} {'widened':>8}"
+                f"{'worker wait ms/s':>22} {'step wait p99 µs':>22} {'widened':>8} {'moved':>6}"
             )
             for case in cases:
                 rows = samples[case]
@@ -396,10 +416,12 @@ def main() -> int:
                     return f"{spread(values):>22}" if values else f"{'-':>22}"
 
                 widened = [row["widened"] for row in rows if "widened" in row]
+                moved = [row["moved"] for row in rows if "moved" in row]
                 print(
                     f"  {case:14} {col('tokens_per_s')} {col('p50_ms')} {col('p99_ms')} "
                     f"{col('worker_wait_ms_per_s')} {col('step_wait_p99_us')} "
-                    f"{(f'{sum(widened):.0f}/{len(widened)}' if widened else '-'):>8}"
+                    f"{(f'{sum(widened):.0f}/{len(widened)}' if widened else '-'):>8} "
+                    f"{(f'{statistics.median(moved):.0f}' if moved else '-'):>6}"
                 )
             base = (
                 statistics.median(s["tokens_per_s"] for s in samples.get("alone", []))
@@ -423,4 +445,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except RuntimeError as exc:  # a server that failed, or a case whose premise did not hold
+        raise SystemExit(f"bench/vllm.py: {exc}") from None
