@@ -26,7 +26,8 @@ the server's own priority, started before the setting's first server and
 stopped after its last): a host where other work runs. ``widened`` is 1
 where the worker's record says ``auto`` widened its confinement, ``moved``
 the threads its record says ``auto`` moved. A case whose premise fails
-(the plugin not loaded in ``observe`` or ``auto``, loaded in another)
+(no ``VLLM::Worker`` process found; the plugin not loaded in ``observe``
+or ``auto``, loaded in another)
 stops the run with exit 1 and the end of that server's log: CI runs
 ``alone`` against ``auto`` with it.
 
@@ -283,29 +284,31 @@ def run_case(
         wait_ready(port, proc)
         load(port, args.model, args.concurrency, args.concurrency, 8)  # warm up
         worker = worker_of(proc.pid)
-        before = wait_ns(worker) if worker else 0
+        if worker is None:
+            # Every case has one: without it no premise below is checked.
+            raise RuntimeError(f"case {case}: no VLLM::Worker process under the server")
+        before = wait_ns(worker)
         result = load(port, args.model, args.requests, args.concurrency, args.max_tokens)
-        if worker:
-            result["worker_wait_ms_per_s"] = (wait_ns(worker) - before) / 1e6 / result["seconds"]
-            record = worker_record(args.python, lock_dir)
-            plugin = case in ("observe", "auto", "auto-held")
-            if plugin != bool(record):
-                # The case's premise does not hold: its figures would mislead.
-                why = (
-                    "published no record: cpupin's plugin did not load"
-                    if plugin
-                    else ("published a record: cpupin's plugin loaded")
-                )
-                raise RuntimeError(f"case {case}: the worker {why}")
-            p99 = step_wait_p99(record)
-            if p99 is not None:
-                result["step_wait_p99_us"] = p99
-            if case.startswith("auto"):
-                notes = record.get("notes", []) or []
-                said = any(str(n).startswith("confinement widened") for n in notes)  # type: ignore[attr-defined]
-                result["widened"] = float(said)
-                acts = record.get("auto") or {}
-                result["moved"] = float(acts.get("moved", 0))  # type: ignore[attr-defined]
+        result["worker_wait_ms_per_s"] = (wait_ns(worker) - before) / 1e6 / result["seconds"]
+        record = worker_record(args.python, lock_dir)
+        plugin = case in ("observe", "auto", "auto-held")
+        if plugin != bool(record):
+            # The case's premise does not hold: its figures would mislead.
+            why = (
+                "published no record: cpupin's plugin did not load"
+                if plugin
+                else "published a record: cpupin's plugin loaded"
+            )
+            raise RuntimeError(f"case {case}: the worker {why}")
+        p99 = step_wait_p99(record)
+        if p99 is not None:
+            result["step_wait_p99_us"] = p99
+        if case.startswith("auto"):
+            notes = record.get("notes", []) or []
+            said = any(str(n).startswith("confinement widened") for n in notes)  # type: ignore[attr-defined]
+            result["widened"] = float(said)
+            acts = record.get("auto") or {}
+            result["moved"] = float(acts.get("moved", 0))  # type: ignore[attr-defined]
         return result
     except BaseException:
         log.flush()
