@@ -101,15 +101,21 @@ def main() -> None:
 
 
 def _install_kind(python: str) -> str:
-    """How cpupin is installed for ``python``: an editable install's finder
+    """How cpupin is installed for ``python``. An editable install's finder
     (a ``.pth`` hook that imports pathlib, re and more at every start) runs
     in ``python -c pass`` too, which pads the baseline by 10-15 ms and makes
     every ratio here look smaller than a plain ``pip install .`` gives."""
-    probe = "import sys; print(any(m.startswith('__editable__') for m in sys.modules))"
+    probe = (
+        "import sys, cpupin; print(any(m.startswith('__editable__') for m in sys.modules), "
+        "any(p in cpupin.__file__ for p in ('site-packages', 'dist-packages')))"
+    )
     out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
-    if out.stdout.strip() == "True":
-        return "editable: every start pays its finder; ratios read low (measure a `pip install .`)"
-    return "plain (`pip install .`): what users run"
+    finder, installed = out.stdout.split()
+    if finder == "True":
+        return "editable, its finder run at every start: ratios read low (measure `pip install .`)"
+    if installed == "False":
+        return "from a source tree (editable or on sys.path), not as `pip install .` installs it"
+    return "installed (`pip install .`): what users run"
 
 
 if __name__ == "__main__":
