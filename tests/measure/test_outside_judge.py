@@ -160,12 +160,12 @@ def contended(tmp_path):
 
 
 # How long the demand tests measure. The kernel adds a waiting thread's
-# run-queue wait to its schedstat only when it next runs, so each reading of
-# a thread that waits in stretches (a tenth of one CPU: a slice about every
-# 30 ms, longer on a busy host) lags by up to one stretch: the error of a
-# rate is about two stretches over the interval. Over 0.5 s a busy host's
-# 130 ms stretches made one computing thread "want" 1.26 CPUs; over 2 s
-# that is 1.13, inside the bound below.
+# run-queue wait to its schedstat only when it next runs, so a reading of a
+# thread that waits in stretches (a tenth of one CPU: a slice, then a wait
+# for the other cgroup's share, longer on a busy host) lags by up to one
+# stretch, and a rate is off by up to two stretches over the interval. Over
+# 0.5 s a loaded suite once read 1.26 CPUs (130 ms of lag); the same lag
+# over 2 s reads 1.07, and twice it 1.13, inside the bound below.
 DEMAND_S = 2.0
 
 
