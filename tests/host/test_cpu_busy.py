@@ -67,13 +67,13 @@ def test_a_busy_loop_shows_as_busy_time_on_its_cpu(two_cpus):
     os.sched_setaffinity(0, {cpu})
     try:
         start, own = read_cpu_busy()[cpu], time.thread_time()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 0.3:
+        # Until this thread itself has run 0.1 s, however long a busy host
+        # makes that take (a fixed wall time gave it 14 ms of CPU in one).
+        while time.thread_time() - own < 0.1:
             pass
         ran, own = read_cpu_busy()[cpu] - start, time.thread_time() - own
     finally:
         os.sched_setaffinity(0, saved)
     # Its CPU was busy at least while this thread ran there (the kernel
     # counts in ticks: one either side may fall out).
-    assert own > 0.05
     assert ran >= own - 3 / TCK, (ran, own)
