@@ -74,6 +74,11 @@ def main() -> None:
     if args.against:
         other = Path(args.against)
         print(f"against     {other} ({_install_kind(str(other))})")
+        if not os.access(other.with_name("cpupin"), os.X_OK):
+            raise SystemExit(
+                f"{other.with_name('cpupin')} is missing: --against takes the python of a "
+                "venv where cpupin is installed (its bin/ has both)"
+            )
         for name in [n for n in cases if "cpupin" in n]:
             swap = {sys.executable: str(other), str(script): str(other.with_name("cpupin"))}
             cases[f"{name} [against]"] = [swap.get(part, part) for part in cases[name]]
@@ -109,7 +114,14 @@ def _install_kind(python: str) -> str:
         "import sys, cpupin; print(any(m.startswith('__editable__') for m in sys.modules), "
         "any(p in cpupin.__file__ for p in ('site-packages', 'dist-packages')))"
     )
-    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True)
+    except OSError as exc:
+        raise SystemExit(f"{python}: cannot run it ({exc.strerror}): name a Python") from None
+    if out.returncode != 0 or len(out.stdout.split()) != 2:
+        raise SystemExit(
+            f"{python} cannot import cpupin: `pip install .` a checkout with that Python first"
+        )
     finder, installed = out.stdout.split()
     if finder == "True":
         return "editable, its finder run at every start: ratios read low (measure `pip install .`)"
