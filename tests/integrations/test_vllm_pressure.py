@@ -128,12 +128,17 @@ API_SERVER = textwrap.dedent(
 )
 
 # The worker: a thread confined to the reserved CPU too, then the plugin's
-# watcher, one sample at a time, with the host's busy time scripted: each
-# CPU of the launcher's is as busy as the server made it plus the outside
-# work the test names for each sample, spread over them (2.0: both full).
+# watcher, one sample at a time, with the host's busy time and the
+# watcher's clock scripted: each sample is one second of that clock, and
+# each CPU of the launcher's is as busy as the server made it plus the
+# outside work the test names for the sample, spread over them (2.0: both
+# full). The clock is scripted so that a worker the host delays between
+# reading the clock and reading the CPUs cannot change the figures: with a
+# real clock and short samples, a busy CI host once made a full second
+# read as half idle.
 WORKER = textwrap.dedent(
     """
-    import json, os, sys, threading, time
+    import json, os, sys, threading, types
     from cpupin.integrations.vllm import decisions, wiring
     import cpupin.host.cpu_busy as cpu_busy
     api_helper = int(sys.argv[1]); launcher = frozenset(json.loads(sys.argv[2]))
@@ -149,20 +154,19 @@ WORKER = textwrap.dedent(
     threading.Thread(target=helper, daemon=True).start()
     while "tid" not in box:
         pass
-    clock = {"t": time.monotonic(), "busy": {c: 0.0 for c in launcher}, "load": 0.0}
+    clock = {"now": 1000.0, "busy": {c: 0.0 for c in launcher}, "load": 0.0}
     def scripted():
-        now = time.monotonic()
         ours = sum(wiring._server_cpu(wiring._state["watch"]["pids"]).values()) / 1e9
         clock["ours"], grown = ours, ours - clock.get("ours", ours)
         for c in launcher:
-            clock["busy"][c] += (clock["load"] * (now - clock["t"]) + grown) / len(launcher)
-        clock["t"] = now
+            clock["busy"][c] += (clock["load"] + grown) / len(launcher)
         return dict(clock["busy"])
     cpu_busy.read_cpu_busy = scripted
+    wiring.time = types.SimpleNamespace(monotonic=lambda: clock["now"])
     seen = []
     for load in outside:
         clock["load"] = load
-        time.sleep(0.02)
+        clock["now"] += 1.0
         widened = wiring._watch_pressure(kept, launcher)
         seen.append([widened, sorted(os.sched_getaffinity(api_helper)),
                      sorted(os.sched_getaffinity(box["tid"]))])
