@@ -26,11 +26,16 @@ import os
 import resource
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, NoReturn
 
 from cpupin._cpupin import ffi, lib
+from cpupin._records import NamedTuple
 from cpupin.cpulist import MAX_CPUS, as_cpu, cpus_phrase, format_cpulist, parse_cpulist
 from cpupin.errors import UnsupportedPlatform, excerpt
+
+TYPE_CHECKING = False  # typing costs 4 ms at start (cpupin/_records.py)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
 
 __all__ = [
     "HAVE_AFFINITY",
@@ -779,6 +784,21 @@ def set_thread_name(name: str) -> int:
     ``ps -L``, ``perf`` and ``py-spy`` show), cut as :func:`thread_name_bytes`
     cuts it: 0, or ``-errno``."""
     return int(set_thread_name_bytes(thread_name_bytes(name)))
+
+
+#: The signals Python ignores for itself, which a program it execs should
+#: find at their default (as a shell leaves them): SIGPIPE and SIGXFSZ.
+IGNORED_BY_PYTHON = (int(lib.CPUPIN_SIGPIPE), int(lib.CPUPIN_SIGXFSZ))
+
+
+def default_signal(signum: int) -> None:
+    """Give signal ``signum`` its default action before an exec, without
+    importing the ``signal`` module; ``OSError`` naming it when refused.
+    Python's ``signal.getsignal`` is not told: call it just before the
+    process becomes another program."""
+    rc = int(lib.cpupin_default_signal(signum))
+    if rc < 0:
+        raise_oserror(rc, f"signal {signum}")
 
 
 def holds_gil() -> bool:

@@ -14,6 +14,7 @@
  *   keeping the GIL  the redefinition of cffi's macros, before its wrappers */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1175,6 +1176,27 @@ int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
 
 #endif
 
+/* --- a signal's default ------------------------------------------------------ */
+
+/* Give signal signum its default action (SIG_DFL), as a shell leaves it for
+ * the command it runs: cpupin exec calls it just before execve for the
+ * signals Python ignores for itself (SIGPIPE, SIGXFSZ), without importing
+ * Python's signal module (0.6 ms of every start). Python's own view of the
+ * signal is not told: the caller is about to become another program. 0 or
+ * -errno. */
+static const int CPUPIN_SIGPIPE = SIGPIPE;
+static const int CPUPIN_SIGXFSZ = SIGXFSZ;
+
+int cpupin_default_signal(int signum)
+{
+    struct sigaction action;
+
+    memset(&action, 0, sizeof action);
+    action.sa_handler = SIG_DFL;
+    sigemptyset(&action.sa_mask);
+    return sigaction(signum, &action, NULL) == 0 ? 0 : -errno;
+}
+
 /* --- keeping the GIL ------------------------------------------------------- */
 
 /* cffi wraps every call in Py_BEGIN_ALLOW_THREADS ... Py_END_ALLOW_THREADS,
@@ -1191,4 +1213,17 @@ int cpupin_tasks_read(cpupin_tasks *t, int last_cpu, long long *vals,
 #undef Py_END_ALLOW_THREADS
 #define Py_BEGIN_ALLOW_THREADS {
 #define Py_END_ALLOW_THREADS }
+#endif
+
+/* cffi also saves and restores errno around every call, in a per-thread
+ * block that its backend allocates on a thread's first call and frees at the
+ * thread's exit: 3.5 us added to the start of every thread whose first step
+ * is one call (a cpupin.Thread naming itself, bench/RESULTS.md). No caller
+ * reads ffi.errno: every function returns -errno itself. So the two are
+ * nothing here; tests/test_contracts.py checks they precede the wrappers. */
+#if defined(Py_PYTHON_H) && defined(_cffi_restore_errno) && !defined(CPUPIN_RELEASE_GIL)
+#undef _cffi_restore_errno
+#undef _cffi_save_errno
+#define _cffi_restore_errno() ((void)0)
+#define _cffi_save_errno() ((void)0)
 #endif

@@ -3,6 +3,8 @@
  * success and -errno on failure, never -1 with errno on the side. */
 
 static const int CPUPIN_HAVE_AFFINITY;
+static const int CPUPIN_SIGPIPE;
+static const int CPUPIN_SIGXFSZ;
 
 int cpupin_noop(void);
 /* 1 when the GIL is held inside a call (it is: see cpupin.c's end). */
@@ -88,3 +90,6 @@ int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, in
  * -errno. What a process's record is written through. */
 int cpupin_map_shared(int fd, size_t length, void **addr);
 int cpupin_unmap(void *addr, size_t length);
+
+/* Give a signal its default action (SIG_DFL), before an exec. */
+int cpupin_default_signal(int signum);

@@ -3,6 +3,7 @@
 import errno
 import os
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -543,3 +544,30 @@ def test_swap_affinity_says_what_the_kernel_kept_when_a_cpuset_cut_it(two_cpus):
         child.wait()
         path.rmdir()
     assert f"the kernel dropped CPU {second}" in out, out
+
+
+DEFAULT_SIGNAL = """
+import signal
+from cpupin import _native
+def ignored():
+    mask = next(l for l in open('/proc/self/status') if l.startswith('SigIgn:')).split()[1]
+    return {n for n in _native.IGNORED_BY_PYTHON if int(mask, 16) >> (n - 1) & 1}
+before = ignored()
+for n in _native.IGNORED_BY_PYTHON:
+    _native.default_signal(n)
+print(sorted(before) == sorted(_native.IGNORED_BY_PYTHON), sorted(ignored()))
+"""
+
+
+def test_default_signal_undoes_what_python_ignores():
+    """The kernel's own record (SigIgn) is the oracle: Python starts with
+    SIGPIPE and SIGXFSZ ignored, and default_signal takes both back."""
+    assert set(_native.IGNORED_BY_PYTHON) == {signal.SIGPIPE, signal.SIGXFSZ}
+    out = subprocess.run([sys.executable, "-c", DEFAULT_SIGNAL], capture_output=True, text=True)
+    assert out.stdout.split() == ["True", "[]"], out.stderr
+
+
+@pytest.mark.parametrize("signum", [0, -1, 4096])
+def test_default_signal_names_a_signal_the_kernel_refuses(signum):
+    with pytest.raises(OSError, match=f"signal {signum}"):
+        _native.default_signal(signum)
