@@ -10,11 +10,9 @@ See the README for the guide.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
 
 # Recorded at import, from the main thread, before anything can pin: the
 # process mask (see cpupin.process.mask). Pinning (cpupin.threads.pins, with the
@@ -36,7 +34,10 @@ from cpupin.threads.pins import (
 )
 from cpupin.threads.thread import Thread
 
+TYPE_CHECKING = False  # typing costs 4 ms at start (cpupin/_records.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from cpupin._native import (
         HAVE_AFFINITY,
         SchedStat,
@@ -213,7 +214,10 @@ def _load(module: str) -> Any:
             held = signal.pthread_sigmask(signal.SIG_BLOCK, _asynchronous(signal))
     try:
         with _import_lock:
-            return importlib.import_module(f".{module}", __name__)
+            # __import__, not importlib.import_module: importlib (and the
+            # warnings it loads) would cost every `import cpupin` 0.5 ms.
+            __import__(f"{__name__}.{module}")
+            return sys.modules[f"{__name__}.{module}"]
     finally:
         if held is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)

@@ -37,13 +37,13 @@ node (``numa_node`` -1 on a host of several nodes) binds nothing, unless its
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import threading
 from collections.abc import Iterable, Mapping
 
 from cpupin import _native
+from cpupin._records import replace
 from cpupin.cpulist import format_cpulist, parse_cpulist
 from cpupin.errors import PlanError, excerpt
 from cpupin.host._sysfs import Reader
@@ -173,7 +173,7 @@ def bind_process(
         set_process_cpus(decided.cpus)
         if left:
             reason = f"{decided.reason}; {left}" if decided.reason else left
-            decided = dataclasses.replace(decided, reason=reason)
+            decided = replace(decided, reason=reason)
     return _apply_memory(decided, strict)
 
 
@@ -268,7 +268,7 @@ def _apply_memory(decided: Binding, strict: bool) -> Binding:
 
             logging.getLogger("cpupin").warning("cpupin: %s", why)
         reasons.append(why)
-        return dataclasses.replace(
+        return replace(
             decided, memory_policy="none", memory_nodes=frozenset(), reason="; ".join(reasons)
         )
     others = len(_native.thread_stats()) - 1
@@ -277,7 +277,7 @@ def _apply_memory(decided: Binding, strict: bool) -> Binding:
             f"{others} other thread(s) already running keep their memory policy (a policy "
             "is per thread): bind before starting threads"
         )
-    return dataclasses.replace(decided, reason="; ".join(reasons))
+    return replace(decided, reason="; ".join(reasons))
 
 
 def memory_binding_check() -> tuple[bool, str]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
+from cpupin._records import record
 from cpupin.cpulist import parse_cpulist
 from cpupin.errors import excerpt
 from cpupin.host._sysfs import Reader
@@ -20,7 +20,7 @@ from cpupin.host._sysfs import Reader
 __all__ = ["Quota", "Weight", "parse_cpu_max", "read_cgroup", "read_cgroup_cpuset", "read_weight"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Quota:
     """A CFS quota: ``quota_us`` of CPU time every ``period_us``."""
 
@@ -232,7 +232,7 @@ def read_cgroup(r: Reader, proc: str = "self") -> tuple[frozenset[int] | None, Q
     return cpuset, Quota(*quota) if quota else None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Weight:
     """A cgroup's CPU weight against its siblings: the share of contended
     CPU time it gets (not a limit: an uncontended cgroup takes any idle CPU)."""

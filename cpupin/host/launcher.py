@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from cpupin._records import record
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import excerpt
 from cpupin.host.topology import Host
@@ -28,7 +28,7 @@ from cpupin.host.topology import Host
 __all__ = ["ASK_LAUNCHER", "CpuOrigin", "explain_cpus", "launcher_of", "qos_class"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CpuOrigin:
     """Where the process's CPUs came from, in words, and what is wrong."""
 
@@ -53,7 +53,7 @@ class CpuOrigin:
         }
 
 
-_POD = re.compile(r"(?:^|/)kubepods(?:\.slice)?/(?:kubepods-)?pod[0-9a-f_-]+", re.ASCII)
+_POD = r"(?:^|/)kubepods(?:\.slice)?/(?:kubepods-)?pod[0-9a-f_-]+"  # compiled on first use
 
 
 def qos_class(path: str | None) -> str | None:
@@ -64,7 +64,7 @@ def qos_class(path: str | None) -> str | None:
         return "BestEffort"
     if "burstable" in path:
         return "Burstable"
-    if _POD.search(path):
+    if re.search(_POD, path, re.ASCII):
         return "Guaranteed"
     return None
 

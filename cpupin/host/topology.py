@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
 
+from cpupin._records import field, record, replace
 from cpupin.cpulist import MAX_CPUS, cpus_phrase, format_cpulist
 from cpupin.errors import excerpt
 from cpupin.host._sysfs import Reader
@@ -43,7 +43,7 @@ __all__ = [
 GPU_VENDORS: Mapping[int, str] = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Core:
     """One core: the online CPUs that are its hardware threads."""
 
@@ -53,7 +53,7 @@ class Core:
     """Its core class: 0 is the highest (see :class:`CoreClass`)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CoreClass:
     """Cores that report alike performance: what sysfs says of them.
 
@@ -81,7 +81,7 @@ class CoreClass:
         return ", ".join(parts) or "no performance figures"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Node:
     """A NUMA node; ``cpus`` is empty for a memory-only node (GPU memory)."""
 
@@ -89,7 +89,7 @@ class Node:
     cpus: frozenset[int]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Gpu:
     """A display-class PCI function of a GPU vendor."""
 
@@ -106,7 +106,7 @@ class Gpu:
     when nothing says."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class IdleState:
     """One cpuidle state of a CPU."""
 
@@ -115,7 +115,7 @@ class IdleState:
     disabled: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Host:
     """A machine's CPUs, cores, nodes and GPUs, as read under ``root``."""
 
@@ -257,9 +257,9 @@ class Host:
 
 # --- PCI addresses ---------------------------------------------------------
 
-_PCI = re.compile(
-    r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])\Z", re.ASCII
-)
+# A pattern, compiled (by re's own cache) when an address is first read, not
+# at import: a compile at import costs every `cpupin exec` its start.
+_PCI = r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])\Z"
 
 
 def parse_pci_address(text: str) -> str:
@@ -271,7 +271,7 @@ def parse_pci_address(text: str) -> str:
     """
     if not isinstance(text, str):
         raise ValueError(f"{text!r} is not a PCI address such as 0000:3b:00.0")
-    m = _PCI.match(text.strip())
+    m = re.match(_PCI, text.strip(), re.ASCII)
     if m is None:
         raise ValueError(f"{text!r} is not a PCI address such as 0000:3b:00.0")
     domain = int(m.group(1) or "0", 16)

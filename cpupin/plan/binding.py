@@ -19,8 +19,8 @@ node (``numa_node`` -1 on a host of several nodes) binds nothing, unless its
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
+from cpupin._records import record
 from cpupin.cpulist import MAX_CPUS, cpus_phrase, format_cpulist, parse_cpulist
 from cpupin.errors import PlanError, excerpt
 from cpupin.host.launcher import ASK_LAUNCHER
@@ -43,7 +43,7 @@ MEMORY_MODES: tuple[str, ...] = ("preferred", "bind", "interleave", "none")
 _CPUS_ACCEPTED = "node, socket, exclusive, cache, keep, or a CPU list such as 0-7,64-71"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Binding:
     """Where a worker process runs and allocates: what was asked, as applied.
 

@@ -9,8 +9,8 @@ pinned step threads are not counted twice.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
 
+from cpupin._records import record, replace
 from cpupin.host.topology import Host, Quota
 
 __all__ = ["POOLS", "CpuPlan"]
@@ -25,7 +25,7 @@ POOLS: dict[str, tuple[float, int | None]] = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CpuPlan:
     """The process mask, its quota, its pinned CPUs and its pool sizes."""
 

@@ -15,9 +15,8 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
+from cpupin._records import NamedTuple, field, record
 from cpupin.errors import excerpt
 from cpupin.host._sysfs import Reader
 from cpupin.host.cgroup import read_cgroup
@@ -125,7 +124,7 @@ def usable_cpus(pid: int | None = None, *, root: str = "/") -> int:
 # --- capping ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PoolLimits:
     """What :func:`limit_pools` or :func:`pool_env` did."""
 

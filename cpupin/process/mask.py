@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from cpupin import _native
 from cpupin.cpulist import cpus_phrase, format_cpulist, parse_cpulist
 from cpupin.errors import excerpt
 from cpupin.host._proc import start_time
+
+TYPE_CHECKING = False  # typing costs 4 ms at start (cpupin/_records.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _log() -> Any:

@@ -10,8 +10,8 @@ import math
 import os
 import zlib
 from collections.abc import Mapping
-from typing import NamedTuple
 
+from cpupin._records import NamedTuple
 from cpupin.cpulist import format_cpulist
 from cpupin.errors import printable
 from cpupin.host._proc import START_CWD

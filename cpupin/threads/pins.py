@@ -16,9 +16,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple
 
 from cpupin import _native
+from cpupin._records import NamedTuple
 from cpupin.cpulist import cpus_phrase, format_cpulist
 from cpupin.errors import excerpt
 from cpupin.process import mask as _process_module
@@ -26,6 +26,7 @@ from cpupin.process.mask import process_cpus, set_process_cpus, start_time, thre
 from cpupin.registry import writer as registry
 from cpupin.threads.thread import to_process_mask
 
+TYPE_CHECKING = False  # typing costs 4 ms at start (cpupin/_records.py)
 if TYPE_CHECKING:
     from cpupin.threads._drift import Drift
 

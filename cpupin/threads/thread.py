@@ -19,12 +19,15 @@ import sys
 import threading
 from _thread import get_ident
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 from cpupin import _native
 from cpupin.cpulist import format_cpulist
 from cpupin.process.mask import process_cpus
 from cpupin.registry import writer as registry
+
+TYPE_CHECKING = False  # typing costs 4 ms at start (cpupin/_records.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Queue", "Thread", "ThreadPool", "to_process_mask"]
 
