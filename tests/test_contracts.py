@@ -1,6 +1,7 @@
 """Which functions exist and what they do where thread affinity is missing."""
 
 import ast
+import errno
 import importlib.util
 import shutil
 import subprocess
@@ -126,6 +127,39 @@ def test_the_gil_check_sees_a_build_that_drops_it(tmp_path):
     assert out == "False False", err
 
 
+ERRNO_SCRIPT = """
+import threading
+from cpupin import _native
+def failing_call():
+    # No task has a pid past the kernel's largest (2**22): the open fails
+    # with ENOENT in C, and the call returns -ENOENT.
+    _native.ffi.errno = 0
+    out = _native.ffi.new("unsigned long long[3]")
+    rc = _native.lib.cpupin_schedstat(2**22 + 7, 2**22 + 7, out)
+    return f"{rc < 0}:{_native.ffi.errno}"
+box = []
+t = threading.Thread(target=lambda: box.append(failing_call())); t.start(); t.join()
+print(failing_call(), box[0])
+"""
+
+
+def test_calls_leave_cffis_saved_errno_alone():
+    """cffi saves errno after each call in a block per thread, allocated at a
+    thread's first call (3.5 µs of every new thread's start): ours skip it,
+    since every function returns ``-errno`` itself and nothing reads
+    ``ffi.errno``."""
+    out = subprocess.run([sys.executable, "-c", ERRNO_SCRIPT], capture_output=True, text=True)
+    assert out.stdout.split() == ["True:0", "True:0"], out.stderr
+
+
+@needs_cc
+def test_the_errno_check_sees_a_build_that_saves_it(tmp_path):
+    """The control: built with cffi's default, the failing call's ENOENT is
+    saved where ``ffi.errno`` reads it."""
+    out, err = run_variant(tmp_path, ERRNO_SCRIPT, release_gil=True)
+    assert out.split() == [f"True:{errno.ENOENT}"] * 2, err
+
+
 def test_the_redefinition_precedes_every_cffi_wrapper(tmp_path):
     """cffi writes the set_source text first and its wrappers after it; the
     macros that keep the GIL must be redefined before the first wrapper."""
@@ -136,6 +170,7 @@ def test_the_redefinition_precedes_every_cffi_wrapper(tmp_path):
     first_wrapper = text.index("_cffi_f_cpupin_")
     assert redefined < first_wrapper
     assert text.count("#define Py_BEGIN_ALLOW_THREADS {") == 1
+    assert redefined < text.index("#define _cffi_save_errno() ((void)0)") < first_wrapper
 
 
 def _imports(path):
@@ -186,7 +221,7 @@ def test_no_module_imports_one_that_imports_it_back():
 LIGHT_IMPORT = """
 import sys
 import cpupin
-heavy = ["logging", "concurrent.futures", "dataclasses", "argparse",
+heavy = ["logging", "concurrent.futures", "dataclasses", "argparse", "typing", "inspect",
          "cpupin.host.topology", "cpupin.registry.reader", "cpupin.cli", "cpupin.measure.sampling",
          "cpupin.host.shapes", "cpupin.plan.binding", "cpupin.act.server"]
 print(sorted(m for m in heavy if m in sys.modules))
@@ -200,14 +235,14 @@ def test_import_cpupin_loads_only_what_pinning_needs():
     """What ``import cpupin`` costs is what it loads (timed in
     bench/startup.py): pinning and the process mask, not the topology, the
     registry's reader, the CLI or the standard library's logging,
-    dataclasses and concurrent.futures. ``cpupin exec`` loads its own
+    dataclasses, typing, argparse and concurrent.futures. ``cpupin exec`` loads its own
     subcommand's module alone."""
     out = subprocess.run(
         [sys.executable, "-c", LIGHT_IMPORT], capture_output=True, text=True, check=True
     )
     loaded, cli = out.stdout.splitlines()
     assert loaded == "[]", loaded
-    assert cli == "['cpupin.cli._args', 'cpupin.cli.bind']", cli
+    assert cli == "['cpupin.cli._args', 'cpupin.cli._parser', 'cpupin.cli.bind']", cli
 
 
 def test_every_public_name_resolves_and_none_is_shadowed_by_a_module():

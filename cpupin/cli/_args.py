@@ -3,7 +3,6 @@ starts, the host a command looks at, and JSON output."""
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -15,9 +14,31 @@ from cpupin.errors import excerpt
 from cpupin.host.topology import Host, read_host
 from cpupin.process.mask import process_cpus
 
+TYPE_CHECKING = False  # typing costs 4 ms at start (cpupin/_records.py)
+if TYPE_CHECKING:
+    import argparse
+
 #: The shipped hosts (cpupin.host.shapes.HOSTS, which a test keeps equal): named
 #: here so that building the parser does not build their specs.
 HOST_NAMES = ("amd-8gpu", "dgx-h100", "gh200", "h100-vm", "xeon-sst-bf", "xeon6-b300", "xeon6-pct")
+
+
+def type_error(message: str) -> Exception:
+    """argparse's ``ArgumentTypeError`` with ``message``: argparse is imported
+    only when an argument is refused or a parser built (``cpupin exec``'s
+    usual arguments go without it, see :func:`cpupin.cli.bind.quick_args`)."""
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
+
+
+def whole_number(text: str, lo: int, hi: int) -> int | None:
+    """``text`` as a whole number from lo to hi (ASCII digits), else ``None``."""
+    body = text.strip()
+    if not (body.isascii() and body.isdigit() and len(body) <= 12):
+        return None
+    value = int(body)
+    return value if lo <= value <= hi else None
 
 
 def whole(name: str, lo: int, hi: int) -> Callable[[str], int]:
@@ -26,12 +47,12 @@ def whole(name: str, lo: int, hi: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         body = text.strip()
         if not (body.isascii() and body.isdigit() and len(body) <= 12):
-            raise argparse.ArgumentTypeError(
+            raise type_error(
                 f"{excerpt(text)} is not a whole number: {name} runs from {lo} to {hi}"
             )
         value = int(body)
         if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{name} {value} is outside {lo} to {hi}")
+            raise type_error(f"{name} {value} is outside {lo} to {hi}")
         return value
 
     return parse
@@ -46,9 +67,7 @@ def seconds(lo: float, hi: float) -> Callable[[str], float]:
         except ValueError:
             value = math.nan
         if not (math.isfinite(value) and lo <= value <= hi):
-            raise argparse.ArgumentTypeError(
-                f"{excerpt(text)} is not a number of seconds from {lo:g} to {hi:g}"
-            )
+            raise type_error(f"{excerpt(text)} is not a number of seconds from {lo:g} to {hi:g}")
         return value
 
     return parse
@@ -62,10 +81,12 @@ def pid_or_self(text: str) -> int | None:
         return None
     try:
         return pid(text)
-    except argparse.ArgumentTypeError:
+    except Exception as exc:  # argparse's ArgumentTypeError, from whole()
+        if type(exc).__name__ != "ArgumentTypeError":
+            raise
         if text.strip().isascii() and text.strip().isdigit():
             raise  # a number out of range: what whole() says names it
-        raise argparse.ArgumentTypeError(
+        raise type_error(
             f"{excerpt(text)} is not a pid: give a process id from 1 to {PID_LIMIT - 1}, or self"
         ) from None
 
@@ -73,7 +94,7 @@ def pid_or_self(text: str) -> int | None:
 def nonempty(what: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if not text.strip():
-            raise argparse.ArgumentTypeError(f"an empty {what}: name one")
+            raise type_error(f"an empty {what}: name one")
         return text
 
     return parse
@@ -81,9 +102,7 @@ def nonempty(what: str) -> Callable[[str], str]:
 
 def host_name(text: str) -> str:
     if text not in HOST_NAMES:
-        raise argparse.ArgumentTypeError(
-            f"no shipped host {excerpt(text)}: choose one of {', '.join(HOST_NAMES)}"
-        )
+        raise type_error(f"no shipped host {excerpt(text)}: choose one of {', '.join(HOST_NAMES)}")
     return text
 
 

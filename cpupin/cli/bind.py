@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 import sys
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
 
+from cpupin import _native
 from cpupin.act.binding import bind_process, device_address, read_mems_allowed
 from cpupin.cli import _args
 from cpupin.cpulist import format_cpulist
@@ -20,11 +19,20 @@ from cpupin.plan.cpuplan import CpuPlan
 from cpupin.pools.limits import PoolLimits, cpu_plan, pool_env
 from cpupin.process.mask import ENV_PROCESS_CPUS, process_cpus
 
+TYPE_CHECKING = False  # typing costs 4 ms at start (cpupin/_records.py)
 if TYPE_CHECKING:
+    import argparse
+
     from cpupin.act.wake import WakeHold
 
 
+#: ``--memory``'s choices.
+MEMORY_POLICIES = ("preferred", "bind", "interleave", "none")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    import argparse
+
     cmd = sub.add_parser(
         "exec",
         help="run a command bound to a GPU's NUMA node: its CPUs within the mask, its memory",
@@ -50,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     cmd.add_argument(
         "--memory",
-        choices=("preferred", "bind", "interleave", "none"),
+        choices=MEMORY_POLICIES,
         default="preferred",
         help="the memory policy: preferred (the default) on the node; bind or interleave over "
         "the chosen nodes (the package's under --cpus socket); none",
@@ -98,6 +106,100 @@ def _add_target(cmd: argparse.ArgumentParser) -> None:
     target.add_argument("--node", type=_args.whole("--node", 0, 65535), metavar="N", help="node N")
 
 
+#: exec's options that :func:`quick_args` reads, each to its attribute.
+_QUICK_VALUES = {
+    "--gpu": "gpu",
+    "--device": "device",
+    "--node": "node",
+    "--cpus": "cpus",
+    "--memory": "memory",
+    "--wake-latency": "wake_latency",
+}
+_QUICK_FLAGS = {"--local-rank": "local_rank", "--no-pools": "no_pools"}
+_TARGETS = ("gpu", "device", "node", "local_rank")
+
+
+def quick_args(words: list[str]) -> SimpleNamespace | None:
+    """exec's usual command line (``--node 0 -- CMD``, ``--local-rank
+    --cpus exclusive -- CMD``, ...) read without argparse, which costs a
+    worker's start about 6 ms (bench/RESULTS.md); ``None`` for anything
+    else, which argparse then reads: help, ``--dry-run`` and the options
+    that go with it, an option given twice or abbreviated, a value that
+    starts with ``-`` or that argparse would refuse, two targets, no ``--``
+    before the command. What it returns is what argparse returns for the
+    same words (tests/cli/test_quick_args.py holds the two equal)."""
+    got: dict[str, object] = {
+        "gpu": None,
+        "device": None,
+        "local_rank": False,
+        "node": None,
+        "cpus": "node",
+        "memory": "preferred",
+        "no_pools": False,
+        "wake_latency": None,
+    }
+    seen: set[str] = set()
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            break
+        option, eq, value = word.partition("=")
+        if option in _QUICK_FLAGS and not eq:
+            name = _QUICK_FLAGS[option]
+            got[name] = True
+        elif option in _QUICK_VALUES:
+            name = _QUICK_VALUES[option]
+            if not eq:
+                i += 1
+                if i >= len(words):
+                    return None
+                value = words[i]
+            parsed = _quick_value(name, value)
+            if parsed is None:
+                return None
+            got[name] = parsed
+        else:
+            return None
+        if name in seen:
+            return None
+        seen.add(name)
+        i += 1
+    if i >= len(words) or sum(1 for t in _TARGETS if t in seen) > 1:
+        return None
+    return SimpleNamespace(
+        command="exec",
+        handler=run,
+        **got,
+        dry_run=False,
+        json=False,
+        root=None,
+        host=None,
+        mask=None,
+        argv=words[i:],
+    )
+
+
+def _quick_value(name: str, value: str) -> object:
+    """An option's value as argparse's type makes it, or ``None`` where
+    argparse would refuse it or read it otherwise (a leading ``-``)."""
+    if not value or value.startswith("-"):
+        return None
+    if name == "gpu":
+        return value
+    if name in ("device", "node"):
+        return _args.whole_number(value, 0, 65535)
+    if name == "wake_latency":
+        return _args.whole_number(value, 0, MAX_US)
+    if name == "memory":
+        return value if value in MEMORY_POLICIES else None
+    try:
+        parse_cpus(value)
+    except ValueError:
+        return None
+    return value.strip()
+
+
 #: Where launchers put the local rank, in the order they are read.
 LOCAL_RANK_VARS = (
     ("LOCAL_RANK", "torchrun"),
@@ -111,7 +213,7 @@ def _cpus_arg(text: str) -> str:
     try:
         parse_cpus(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("cpus=", "--cpus ", 1)) from None
+        raise _args.type_error(str(exc).replace("cpus=", "--cpus ", 1)) from None
     return text.strip()
 
 
@@ -280,10 +382,10 @@ def _exec(args: argparse.Namespace, argv: list[str], device: str | int | None) -
 def _default_signals() -> None:
     # Python ignores SIGPIPE and SIGXFSZ for itself; exec keeps an ignored
     # signal ignored, so put them back as a shell would have left them
-    # (`cpupin exec -- yes | head -1` ends as `yes | head -1` does).
-    for name in ("SIGPIPE", "SIGXFSZ"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    # (`cpupin exec -- yes | head -1` ends as `yes | head -1` does). In C:
+    # the signal module would cost every start 0.6 ms.
+    for signum in _native.IGNORED_BY_PYTHON:
+        _native.default_signal(signum)
 
 
 def _become(argv: list[str], env: dict[str, str]) -> None:
@@ -311,6 +413,8 @@ def _supervise(argv: list[str], env: dict[str, str], hold: WakeHold) -> int:
     command; its exit status, or the signal that ended it, is this
     process's. Killed with SIGKILL, this process's descriptor closes too:
     the hold ends, and the command runs on without it."""
+    import signal
+
     pid = os.fork()
     if pid == 0:
         _become(argv, env)

@@ -8,7 +8,8 @@ import argparse
 import os
 from typing import Any
 
-from cpupin.cli import RawFormatter, _args
+from cpupin.cli import _args
+from cpupin.cli._parser import RawFormatter
 from cpupin.cpulist import MAX_CPUS, format_cpulist, parse_cpulist
 from cpupin.errors import printable
 

@@ -495,10 +495,10 @@ def test_the_help_is_as_wide_as_shutil_would_make_it(columns, monkeypatch):
     of every run); shutil's own answer is the oracle, $COLUMNS or not."""
     import shutil
 
-    from cpupin import cli
+    from cpupin.cli import _parser
 
     if columns is None:
         monkeypatch.delenv("COLUMNS", raising=False)
     else:
         monkeypatch.setenv("COLUMNS", columns)
-    assert cli._columns() == shutil.get_terminal_size().columns
+    assert _parser._columns() == shutil.get_terminal_size().columns
