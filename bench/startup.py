@@ -24,6 +24,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,12 +91,17 @@ def main() -> None:
         ).stdout.strip()
         subprocess.run([str(other), "-m", "compileall", "-q", where], check=True)
         print(f"bytecode    compiled under {where}")
+    # Away from any checkout: `python -c` puts the working directory first
+    # on sys.path, and run from a source tree it times that tree's cpupin
+    # (its bytecode, its build), not the installed one.
+    away = tempfile.mkdtemp(prefix="cpupin-startup-")
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, cmd in cases.items():
             t = time.perf_counter_ns()
-            subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True, cwd=away)
             samples[name].append((time.perf_counter_ns() - t) / 1e6)
+    os.rmdir(away)
     base = statistics.median(samples["python -c pass"])
     print()
     print("| process | median | over python -c pass | / python -c pass |")
