@@ -47,7 +47,7 @@ from cpupin._records import replace
 from cpupin.cpulist import format_cpulist, parse_cpulist
 from cpupin.errors import PlanError, excerpt
 from cpupin.host._sysfs import Reader
-from cpupin.host.topology import Host, read_host
+from cpupin.host.topology import Host, read_host_for_binding
 from cpupin.plan.binding import Binding, check_memory, decide_binding, parse_cpus
 from cpupin.process.mask import process_cpus, set_process_cpus, thread_masks
 
@@ -151,7 +151,7 @@ def bind_process(
         raise ValueError("bind_process: name exactly one of device and node")
     if node is not None and (isinstance(node, bool) or not isinstance(node, int) or node < 0):
         raise ValueError(f"node {excerpt(node)} is not a node id: give a whole number from 0")
-    host = read_host(root)
+    host = read_host_for_binding(root, caches=mode == "cache")
     mask = process_cpus() & host.cpus
     if not mask:
         raise PlanError(

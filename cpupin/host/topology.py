@@ -15,7 +15,6 @@ nothing.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 
 from cpupin._records import field, record, replace
@@ -257,9 +256,12 @@ class Host:
 
 # --- PCI addresses ---------------------------------------------------------
 
-# A pattern, compiled (by re's own cache) when an address is first read, not
-# at import: a compile at import costs every `cpupin exec` its start.
-_PCI = r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])\Z"
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _hex(text: str, most: int) -> bool:
+    """One to ``most`` hex digits."""
+    return 0 < len(text) <= most and _HEX.issuperset(text)
 
 
 def parse_pci_address(text: str) -> str:
@@ -267,18 +269,29 @@ def parse_pci_address(text: str) -> str:
 
     Takes sysfs's ``0000:3b:00.0``, NVML's ``00000000:3B:00.0``, a domain of
     five or more hex digits, or ``3b:00.0`` (domain 0). Anything else raises
-    :class:`ValueError` quoting it.
+    :class:`ValueError` quoting it. (Read with str's methods: a regular
+    expression's compile cost every start half a millisecond.)
     """
     if not isinstance(text, str):
         raise ValueError(f"{text!r} is not a PCI address such as 0000:3b:00.0")
-    m = re.match(_PCI, text.strip(), re.ASCII)
-    if m is None:
+    head, dot, function = text.strip().rpartition(".")
+    parts = head.split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    if not (
+        dot
+        and len(function) == 1
+        and function in "01234567"
+        and len(parts) == 3
+        and _hex(parts[0], 8)
+        and _hex(parts[1], 2)
+        and _hex(parts[2], 2)
+    ):
         raise ValueError(f"{text!r} is not a PCI address such as 0000:3b:00.0")
-    domain = int(m.group(1) or "0", 16)
-    device = int(m.group(3), 16)
+    domain, bus, device = (int(part, 16) for part in parts)
     if device > 0x1F:
         raise ValueError(f"{text!r} is not a PCI address: device {device:#x} is past 0x1f")
-    return f"{domain:04x}:{int(m.group(2), 16):02x}:{device:02x}.{m.group(4)}"
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
 
 
 def pci_sort_key(address: str) -> tuple[int, int, int, int]:
@@ -620,7 +633,11 @@ def _hypervisor(r: Reader) -> bool:
         return bool((r.text("sys/hypervisor/type") or "").strip())
     # The first CPU's flags are enough: read the head of the file only.
     text = r.text("proc/cpuinfo", limit=_CPUINFO_HEAD, head=True) or ""
-    return bool(re.search(r"^flags\s*:.*\bhypervisor\b", text, re.MULTILINE))
+    for line in text.splitlines():
+        name, colon, flags = line.partition(":")
+        if colon and name.startswith("flags") and not name[5:].strip():
+            return "hypervisor" in flags.split()
+    return False
 
 
 def read_host(root: str | os.PathLike[str] = "/") -> Host:
@@ -633,7 +650,18 @@ def read_host(root: str | os.PathLike[str] = "/") -> Host:
         return _read(r)
 
 
-def _read(r: Reader) -> Host:
+def read_host_for_binding(root: str | os.PathLike[str] = "/", *, caches: bool) -> Host:
+    """The host as a binding reads it (:func:`cpupin.bind_process`, ``cpupin
+    exec``): what :func:`read_host` reads but the idle states, the core
+    classes and the hypervisor flag, and the cache domains unless
+    ``caches``. No binding looks at them, and a worker's start pays for
+    every file (bench/RESULTS.md); the host read here never leaves the
+    binding."""
+    with Reader(os.fspath(root)) as r:
+        return _read(r, whole=False, caches=caches)
+
+
+def _read(r: Reader, *, whole: bool = True, caches: bool = True) -> Host:
     online = _online_cpus(r)
     cores = _cores(r, online)
     nodes = _nodes(r, online)
@@ -644,22 +672,24 @@ def _read(r: Reader) -> Host:
     else:
         smt = any(len(core.cpus) > 1 for core in cores) if cores else None
     cpuset, quota = read_cgroup(r)
-    cores, classes = _classes(r, cores)
-    caches, cache_level = _caches(r, online)
+    classes: tuple[CoreClass, ...] = ()
+    if whole:
+        cores, classes = _classes(r, cores)
+    domains, cache_level = _caches(r, online) if whole or caches else ((), None)
     return Host(
         root=r.root,
         cpus=online,
         cores=cores,
         nodes=nodes,
         gpus=gpus,
-        idle_states=_idle_states(r, cores),
+        idle_states=_idle_states(r, cores) if whole else {},
         smt=smt,
         cpuset=cpuset,
         quota=quota,
-        hypervisor=_hypervisor(r),
+        hypervisor=_hypervisor(r) if whole else False,
         memory_nodes=r.cpus(f"{_NODE}/has_memory"),
         classes=classes,
-        caches=caches,
+        caches=domains,
         cache_level=cache_level,
         cgroup=cgroup_path(r),
         reasons=tuple(r.reasons),

@@ -22,7 +22,6 @@ from cpupin.host._sysfs import Reader
 from cpupin.host.cgroup import read_cgroup
 from cpupin.plan.cpuplan import CpuPlan
 from cpupin.process.mask import own_pinned_cpus, process_cpus, thread_masks
-from cpupin.process.outside import process_mask_of, registry_of
 
 __all__ = [
     "ENV_POOL_VARS",
@@ -98,6 +97,8 @@ def cpu_plan(
         if own:
             mask = process_cpus()
         else:
+            from cpupin.process.outside import process_mask_of  # another process's: not exec's
+
             mask = process_mask_of(pid or 0, [m for _, m in thread_masks(pid)])[0]
     allowed = frozenset(mask)
     if online:
@@ -112,6 +113,8 @@ def cpu_plan(
 def _pinned_of(pid: int | None) -> frozenset[int]:
     if pid is None:
         return own_pinned_cpus()
+    from cpupin.process.outside import registry_of
+
     return frozenset().union(*(p.cpus for p in registry_of(pid, None).pins_of(pid)))
 
 

@@ -21,6 +21,7 @@ from cpupin import PlanError
 from cpupin.act import binding
 from cpupin.cli import main
 from cpupin.host.shapes import HOSTS, host_named
+from cpupin.host.topology import read_host
 from cpupin.plan.binding import Binding, decide_binding
 from tests.support.captures import needs_captures
 from tests.support.helpers import run, run_python
@@ -306,7 +307,7 @@ def test_memory_binding_check_says_why_it_cannot(monkeypatch):
 
 
 def test_bind_process_refuses_a_device_this_host_lacks():
-    if binding.read_host("/").gpus:
+    if read_host("/").gpus:
         with pytest.raises(PlanError, match="not a GPU of this host"):
             binding.bind_process("0000:3b:00.0", cpus="keep", memory="none")
     else:  # this machine: a device names nothing, and the message says what does
@@ -678,3 +679,41 @@ def test_exec_without_a_target_suggests_one_that_works_on_this_host(capsys):
         assert "cpupin exec --node 0 -- python serve.py (this host has no GPU)" in err
     assert main(["exec", "--host", "dgx-h100", "--dry-run", "--", "true"]) == 2
     assert "cpupin exec --local-rank" in capsys.readouterr().err
+
+
+BINDING_MODES = ("node", "socket", "exclusive", "cache", "keep")
+
+
+@pytest.mark.parametrize("name", sorted(HOSTS))
+def test_the_host_a_binding_reads_binds_as_the_whole_host(name, tmp_path):
+    """bind_process reads the host without what no binding looks at (idle
+    states, core classes, the hypervisor flag, cache domains unless
+    cpus='cache'): every binding of every node and GPU, in every mode, is
+    the one the whole host gives, and the parts it reads are the same."""
+    from cpupin.host.shapes import build_tree
+    from cpupin.host.topology import read_host_for_binding
+
+    root = build_tree(HOSTS[name], tmp_path)
+    whole = read_host(root)
+    for caches in (False, True):
+        brief = read_host_for_binding(root, caches=caches)
+        for part in ("cpus", "nodes", "gpus", "smt", "cpuset", "quota", "memory_nodes", "cgroup"):
+            assert getattr(brief, part) == getattr(whole, part), part
+        assert [c.cpus for c in brief.cores] == [c.cpus for c in whole.cores]
+        assert [c.package for c in brief.cores] == [c.package for c in whole.cores]
+        assert (brief.caches, brief.cache_level) == (
+            (whole.caches, whole.cache_level) if caches else ((), None)
+        )
+        mask = whole.default_mask()
+        targets = [{"node": n.id} for n in whole.nodes] + [
+            {"device": g.address} for g in whole.gpus
+        ]
+        for mode in BINDING_MODES if caches else [m for m in BINDING_MODES if m != "cache"]:
+            for target in targets:
+                decided = []
+                for host in (whole, brief):
+                    try:
+                        decided.append(decide_binding(host, mask, cpus=mode, **target))
+                    except (PlanError, ValueError) as exc:
+                        decided.append(str(exc))
+                assert decided[0] == decided[1], (mode, target)

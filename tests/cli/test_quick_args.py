@@ -5,6 +5,7 @@ reads differently, quick_args leaves to argparse."""
 
 import contextlib
 import io
+import subprocess
 import sys
 
 import pytest
@@ -157,7 +158,7 @@ def test_exec_reads_its_usual_line_without_argparse(tmp_path):
         "from cpupin.cli import main\n"
         "def stop(*a):\n"
         "    print('argparse' in sys.modules, flush=True); os._exit(0)\n"
-        "os.execvpe = stop\n"
+        "os.execve = stop\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     for words, expected in (
@@ -176,3 +177,61 @@ def test_a_refused_value_gets_argparses_message():
         main(["exec", "--node", "x", "--", "true"])
     assert exit_.value.code == 2
     assert "--node runs from 0 to 65535" in err.getvalue()
+
+
+EXECVPE = """
+import os, sys
+from cpupin.cli import bind
+how, path, command = sys.argv[1:4]
+env = dict(os.environ)
+if path == "-":
+    env.pop("PATH", None)
+else:
+    env["PATH"] = path
+argv = [command, "-c", "print('ran', __import__('sys').argv[0])"]
+try:
+    if how == "os":
+        os.execvpe(command, argv, env)
+    else:
+        bind._execvpe(argv, env)
+except OSError as exc:
+    print(type(exc).__name__, exc.errno)
+"""
+
+
+def test_exec_searches_path_as_os_execvpe_does(tmp_path):
+    """exec's own PATH search (os.get_exec_path would import warnings at
+    every start) against os.execvpe itself, on the same folders."""
+    py = tmp_path / "runs"
+    py.mkdir()
+    (py / "py").symlink_to(sys.executable)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "py").write_text("#!/bin/sh\n")  # there, but not executable
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [
+        (f"{py}", "py"),
+        (f"{locked}:{py}", "py"),  # a refusal, then one that runs: it runs
+        (f"{locked}", "py"),  # only the refusal: EACCES
+        (f"{tmp_path}/none:{a_file}:{py}", "py"),  # missing and not a folder, skipped
+        (f"{tmp_path}/none", "py"),
+        ("", "py"),
+        ("-", "py"),
+        (f"{py}", f"{py}/py"),
+        (f"{py}", f"{locked}/py"),
+        (f"{py}", "./py"),
+        (f"::{py}", "py"),
+    ]
+    for path, command in cases:
+        got = [
+            subprocess.run(
+                [sys.executable, "-c", EXECVPE, how, path, command],
+                capture_output=True,
+                text=True,
+                cwd=py,
+            ).stdout
+            for how in ("os", "ours")
+        ]
+        assert got[0] == got[1], (path, command, got)
+        assert got[0], (path, command)

@@ -1,6 +1,7 @@
 """The topology reader: this machine, built trees, and every odd input."""
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import replace
@@ -659,3 +660,50 @@ def test_topo_shows_classes_and_cache_domains(capsys):
     assert main(["topo", "--host", "dgx-h100"]) == 0
     out = capsys.readouterr().out
     assert "class  no per-core performance figures (CPPC, cpufreq, capacity): one class" in out
+
+
+# parse_pci_address reads with str's methods; the regular expression it had
+# (the grammar of sysfs's, NVML's and lspci's addresses) is the oracle.
+PCI_GRAMMAR = r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])\Z"
+
+
+def pci_by_grammar(text):
+    m = re.match(PCI_GRAMMAR, text.strip(), re.ASCII)
+    if m is None or int(m.group(3), 16) > 0x1F:
+        return None
+    domain, bus = int(m.group(1) or "0", 16), int(m.group(2), 16)
+    return f"{domain:04x}:{bus:02x}:{int(m.group(3), 16):02x}.{m.group(4)}"
+
+
+HEXISH = st.text("0123456789abcdefABCDEFg\u0663 ", min_size=0, max_size=9)
+
+
+def hex_part(most):
+    """Mostly a right part (one to ``most`` hex digits), else anything near."""
+    right = st.text("0123456789abcdefABCDEF", min_size=1, max_size=most)
+    return st.one_of(right, right, right, HEXISH)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.builds(
+            lambda d, b, v, f, sep, pad: (
+                pad + (f"{d}:" if d is not None else "") + f"{b}:{v}{sep}{f}" + pad
+            ),
+            st.one_of(st.none(), hex_part(8)),
+            hex_part(2),
+            hex_part(2),
+            st.sampled_from(["0", "3", "7", "8", "", "07", "x"]),
+            st.sampled_from([".", ".", ".", ":", ""]),
+            st.sampled_from(["", " ", "\n"]),
+        ),
+        st.text(max_size=16),
+    )
+)
+def test_a_pci_address_is_read_as_its_grammar_reads_it(text):
+    try:
+        got = parse_pci_address(text)
+    except ValueError:
+        got = None
+    assert got == pci_by_grammar(text)
