@@ -151,7 +151,7 @@ def test_every_file_and_module_the_map_names_exists():
     file that moved."""
     text = MAP.read_text()
     for path in re.findall(r"`([a-z_]+/[a-z_/]*[a-z_]+\.py)`", text):
-        where = ROOT / path if path.startswith("tests/") else PACKAGE / path
+        where = ROOT / path if path.startswith(("tests/", "bench/")) else PACKAGE / path
         assert where.is_file(), path
     for part, _ in read_map(text):
         if not part.endswith("/"):
