@@ -150,7 +150,11 @@ else:
 
             raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
+        def __replace__(self, /, **changes):
+            return replace(self, **changes)
+
         made = {
+            "__replace__": __replace__,  # copy.replace, from Python 3.13
             "__init__": __init__,
             "__eq__": __eq__,
             "__hash__": __hash__,

@@ -121,6 +121,7 @@ def test_a_record_is_a_frozen_dataclass(data):
             dataclasses.replace(b, **{name: changed})
         )
         assert dataclasses.replace(a, **{name: changed}) == replace(a, **{name: changed})
+        assert a.__replace__(**{name: changed}) == replace(a, **{name: changed})
     assert copy.deepcopy(a) == a and copy.copy(a) == a
     # A factory's default is made afresh for each instance, as dataclasses
     # makes it (a tuple() is shared by Python itself).
