@@ -84,13 +84,33 @@ else:
         return tuple(names), defaults, factories
 
     def _make(cls):
+        """``@record(frozen=True)``'s work: the fields read, the methods made
+        and put on the class as dataclasses would."""
         for base in cls.__mro__[1:]:
             if "_record_names" in base.__dict__:
                 raise TypeError(f"{cls.__qualname__}: a record does not derive from a record")
         names, defaults, factories = _fields_of(cls)
+        made = {"__init__": _init_of(cls.__qualname__, names, defaults, factories), **_METHODS}
+        for key, method in made.items():
+            # As dataclasses: a class's own __init__, __repr__ and __eq__
+            # stay (and a hash is made unless the class wrote one), and a
+            # frozen class may not write __setattr__ or __delattr__.
+            own = cls.__dict__.get(key)
+            if own is not None and key in ("__setattr__", "__delattr__"):
+                raise TypeError(f"Cannot overwrite attribute {key} in class {cls.__name__}")
+            if own is None:
+                setattr(cls, key, method)
+        cls.__match_args__ = names
+        cls._record_names = names
+        for name in ("__dataclass_fields__", "__dataclass_params__"):
+            setattr(cls, name, _DataclassView(name, defaults, factories))
+        return cls
+
+    def _init_of(qualname, names, defaults, factories):
+        """A record's ``__init__``: the fields by position or name, the rest
+        from their defaults, with the errors a dataclass's ``__init__`` gives."""
         count = len(names)
         known = frozenset(names)
-        qualname = cls.__qualname__
 
         def __init__(self, *args, **kwargs):
             if len(args) > count:
@@ -99,17 +119,16 @@ else:
                     f"{len(args) + 1} were given"
                 )
             values = dict(zip(names, args))
-            if kwargs:
-                for key in kwargs:
-                    if key in values:
-                        raise TypeError(
-                            f"{qualname}.__init__() got multiple values for argument {key!r}"
-                        )
-                    if key not in known:
-                        raise TypeError(
-                            f"{qualname}.__init__() got an unexpected keyword argument {key!r}"
-                        )
-                values.update(kwargs)
+            for key in kwargs:
+                if key in values:
+                    raise TypeError(
+                        f"{qualname}.__init__() got multiple values for argument {key!r}"
+                    )
+                if key not in known:
+                    raise TypeError(
+                        f"{qualname}.__init__() got an unexpected keyword argument {key!r}"
+                    )
+            values.update(kwargs)
             if len(values) < count:
                 for name in names:
                     if name in values:
@@ -125,59 +144,51 @@ else:
                         )
             self.__dict__.update(values)
 
-        def fields_tuple(self):
-            return tuple([self.__dict__[name] for name in names])
+        __init__.__qualname__ = f"{qualname}.__init__"
+        return __init__
 
-        def __eq__(self, other):
-            if other.__class__ is self.__class__:
-                return fields_tuple(self) == fields_tuple(other)
-            return NotImplemented
+    # The methods every record shares: they read its fields' names from the
+    # class (_record_names), as a dataclass's compare its fields in order.
 
-        def __hash__(self):
-            return hash(fields_tuple(self))
+    def _values(self):
+        fields = self.__dict__
+        return tuple([fields[name] for name in self._record_names])
 
-        def __repr__(self):
-            inner = ", ".join([f"{name}={self.__dict__[name]!r}" for name in names])
-            return f"{self.__class__.__qualname__}({inner})"
+    def _eq(self, other):
+        if other.__class__ is self.__class__:
+            return _values(self) == _values(other)
+        return NotImplemented
 
-        def __setattr__(self, name, value):
-            import dataclasses
+    def _hash(self):
+        return hash(_values(self))
 
-            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+    def _repr(self):
+        inner = ", ".join(
+            [f"{name}={value!r}" for name, value in zip(self._record_names, _values(self))]
+        )
+        return f"{self.__class__.__qualname__}({inner})"
 
-        def __delattr__(self, name):
-            import dataclasses
+    def _setattr(self, name, value):
+        import dataclasses
 
-            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
 
-        def __replace__(self, /, **changes):
-            return replace(self, **changes)
+    def _delattr(self, name):
+        import dataclasses
 
-        made = {
-            "__replace__": __replace__,  # copy.replace, from Python 3.13
-            "__init__": __init__,
-            "__eq__": __eq__,
-            "__hash__": __hash__,
-            "__repr__": __repr__,
-            "__setattr__": __setattr__,
-            "__delattr__": __delattr__,
-        }
-        for key, method in made.items():
-            # As dataclasses: a class's own __init__, __repr__ and __eq__
-            # stay (and a hash is made unless the class wrote one), and a
-            # frozen class may not write __setattr__ or __delattr__.
-            own = cls.__dict__.get(key)
-            if own is not None and key in ("__setattr__", "__delattr__"):
-                raise TypeError(f"Cannot overwrite attribute {key} in class {cls.__name__}")
-            if own is None:
-                method.__qualname__ = f"{qualname}.{key}"
-                method.__module__ = cls.__module__
-                setattr(cls, key, method)
-        cls.__match_args__ = names
-        cls._record_names = names
-        for name in ("__dataclass_fields__", "__dataclass_params__"):
-            setattr(cls, name, _DataclassView(name, defaults, factories))
-        return cls
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def _replace(self, /, **changes):
+        return replace(self, **changes)
+
+    _METHODS = {
+        "__replace__": _replace,  # copy.replace, from Python 3.13
+        "__eq__": _eq,
+        "__hash__": _hash,
+        "__repr__": _repr,
+        "__setattr__": _setattr,
+        "__delattr__": _delattr,
+    }
 
     class _DataclassView:
         """``__dataclass_fields__`` (and ``__dataclass_params__``) of a record,
