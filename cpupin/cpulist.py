@@ -33,9 +33,14 @@ _DIGITS = 10  # more digits than any CPU number below MAX_CPUS could have
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
-def _is_number(text: str) -> bool:
+def is_digits(text: str) -> bool:
     """ASCII digits, at least one (``str.isdigit`` alone takes other digits)."""
     return text.isascii() and text.isdigit()
+
+
+def is_hex(text: str, most: int) -> bool:
+    """One to ``most`` hex digits (a mask's word, a PCI address's part)."""
+    return 0 < len(text) <= most and _HEX.issuperset(text)
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
@@ -57,7 +62,7 @@ def parse_cpulist(text: str) -> frozenset[int]:
     ranges = []
     for item in body.split(","):
         first_text, dash, last_text = item.strip().partition("-")
-        if not _is_number(first_text) or (dash and not _is_number(last_text)):
+        if not is_digits(first_text) or (dash and not is_digits(last_text)):
             raise ValueError(
                 f"bad CPU list {excerpt(text)}: {excerpt(item, 20)} is not a CPU number "
                 "or a range like 0-3"
@@ -101,7 +106,7 @@ def parse_cpumask(text: str) -> frozenset[int]:
         return frozenset()
     words = body.split(",")
     for word in words:
-        if not (0 < len(word) <= 8 and _HEX.issuperset(word)):
+        if not is_hex(word, 8):
             raise ValueError(
                 f"bad CPU mask {excerpt(text)}: {excerpt(word, 20)} is not a word of one to "
                 "eight hex digits"

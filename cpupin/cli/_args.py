@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from cpupin._native import PID_LIMIT
-from cpupin.cpulist import format_cpulist, parse_cpulist
+from cpupin.cpulist import format_cpulist, is_digits, parse_cpulist
 from cpupin.errors import excerpt
 from cpupin.host.topology import Host, read_host
 from cpupin.process.mask import process_cpus
@@ -32,25 +32,27 @@ def type_error(message: str) -> Exception:
     return argparse.ArgumentTypeError(message)
 
 
-def whole_number(text: str, lo: int, hi: int) -> int | None:
-    """``text`` as a whole number from lo to hi (ASCII digits), else ``None``."""
+def _number(text: str) -> int | None:
+    """``text`` as a whole number (at most 12 ASCII digits), else ``None``."""
     body = text.strip()
-    if not (body.isascii() and body.isdigit() and len(body) <= 12):
-        return None
-    value = int(body)
-    return value if lo <= value <= hi else None
+    return int(body) if is_digits(body) and len(body) <= 12 else None
+
+
+def whole_number(text: str, lo: int, hi: int) -> int | None:
+    """``text`` as a whole number from lo to hi, else ``None``."""
+    value = _number(text)
+    return value if value is not None and lo <= value <= hi else None
 
 
 def whole(name: str, lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: ASCII digits naming a whole number from lo to hi."""
 
     def parse(text: str) -> int:
-        body = text.strip()
-        if not (body.isascii() and body.isdigit() and len(body) <= 12):
+        value = _number(text)
+        if value is None:
             raise type_error(
                 f"{excerpt(text)} is not a whole number: {name} runs from {lo} to {hi}"
             )
-        value = int(body)
         if not lo <= value <= hi:
             raise type_error(f"{name} {value} is outside {lo} to {hi}")
         return value
@@ -79,16 +81,11 @@ pid = whole("pid", 1, PID_LIMIT - 1)
 def pid_or_self(text: str) -> int | None:
     if text == "self":
         return None
-    try:
-        return pid(text)
-    except Exception as exc:  # argparse's ArgumentTypeError, from whole()
-        if type(exc).__name__ != "ArgumentTypeError":
-            raise
-        if text.strip().isascii() and text.strip().isdigit():
-            raise  # a number out of range: what whole() says names it
-        raise type_error(
-            f"{excerpt(text)} is not a pid: give a process id from 1 to {PID_LIMIT - 1}, or self"
-        ) from None
+    if _number(text) is not None:
+        return pid(text)  # a number out of range: what whole() says names it
+    raise type_error(
+        f"{excerpt(text)} is not a pid: give a process id from 1 to {PID_LIMIT - 1}, or self"
+    )
 
 
 def nonempty(what: str) -> Callable[[str], str]:

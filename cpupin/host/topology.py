@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from cpupin._records import field, record, replace
-from cpupin.cpulist import MAX_CPUS, cpus_phrase, format_cpulist
+from cpupin.cpulist import MAX_CPUS, cpus_phrase, format_cpulist, is_hex
 from cpupin.errors import excerpt
 from cpupin.host._sysfs import Reader
 from cpupin.host.cgroup import Quota, cgroup_path, read_cgroup
@@ -256,13 +256,6 @@ class Host:
 
 # --- PCI addresses ---------------------------------------------------------
 
-_HEX = frozenset("0123456789abcdefABCDEF")
-
-
-def _hex(text: str, most: int) -> bool:
-    """One to ``most`` hex digits."""
-    return 0 < len(text) <= most and _HEX.issuperset(text)
-
 
 def parse_pci_address(text: str) -> str:
     """The canonical form of a PCI address: ``0000:3b:00.0``.
@@ -283,9 +276,9 @@ def parse_pci_address(text: str) -> str:
         and len(function) == 1
         and function in "01234567"
         and len(parts) == 3
-        and _hex(parts[0], 8)
-        and _hex(parts[1], 2)
-        and _hex(parts[2], 2)
+        and is_hex(parts[0], 8)
+        and is_hex(parts[1], 2)
+        and is_hex(parts[2], 2)
     ):
         raise ValueError(f"{text!r} is not a PCI address such as 0000:3b:00.0")
     domain, bus, device = (int(part, 16) for part in parts)
