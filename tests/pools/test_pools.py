@@ -28,7 +28,7 @@ from cpupin.measure.stepclock import BUCKETS_S
 from cpupin.plan.cpuplan import CpuPlan
 from cpupin.pools.census import FITS, FROM_HOST, OVERSUBSCRIBED, pool_name, verdict
 from cpupin.pools.limits import POOL_VARS, cpu_plan, environment_advice, pool_env
-from tests.support.cgroups import in_cgroup, quota_cgroup
+from tests.support.cgroups import in_cgroup, quota_cgroup, throttle_file
 from tests.support.helpers import proc_schedstat, run
 
 CPU = "sys/devices/system/cpu"
@@ -453,9 +453,11 @@ def test_step_clock_counts_the_quotas_throttling():
             preexec_fn=in_cgroup(path),
         )
         after = oracle()
+        expected = throttle_file(path)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    assert got["source"] and got["source"].endswith("cpu.stat")
+    # The oracle is cpu.stat's counter, whichever file the clock read.
+    assert got["source"] and got["source"].endswith("/" + expected)
     assert 0 < got["throttled"] <= after[0] - before[0]
     assert got["wait"] > 0  # throttled time is run-queue wait to the kernel too
 
@@ -661,6 +663,46 @@ def test_step_clock_wait_is_the_threads_own_schedstat(two_cpus):
     assert sum(s.wait_ns for s in clock) == clock.wait_sum_ns
     pct = clock.percentiles()
     assert pct["wait_us"]["p50"] <= pct["wait_us"]["p99"]
+
+
+@pytest.mark.parametrize("v1", [False, True], ids=["v2", "v1"])
+@pytest.mark.parametrize("local", ["counter", "empty", "absent", "fifo", "other key"])
+def test_step_clock_reads_the_local_throttled_counter_where_the_kernel_has_it(tmp_path, v1, local):
+    """Beside the quota's cpu.stat, a cpu.stat.local that holds the
+    throttled counter is what each mark reads; one without it (the
+    controller off), missing, or not a regular file leaves cpu.stat. The
+    figure of a step is the file's own difference (v2 in µs, v1 in ns),
+    capped at the step's wall time."""
+    folder = "sys/fs/cgroup/cpu,cpuacct/job/step" if v1 else "sys/fs/cgroup/job/step"
+    key = "throttled_time" if v1 else "throttled_usec"
+    unit = 1 if v1 else 1000
+
+    def counters(stat, own):
+        files = {f"{folder}/cpu.stat": f"nr_periods 9\nnr_throttled 9\n{key} {stat}\n"}
+        if local == "counter":
+            files[f"{folder}/cpu.stat.local"] = f"{key} {own}\n"
+        elif local == "empty":
+            files[f"{folder}/cpu.stat.local"] = ""
+        elif local == "other key":
+            files[f"{folder}/cpu.stat.local"] = f"nr_periods {own}\n"
+        return files
+
+    root = write(tmp_path, {**tree({0, 1}, None, [(150_000, 100_000)], v1), **counters(900, 5)})
+    if local == "fifo":
+        os.mkfifo(Path(root, folder, "cpu.stat.local"))
+    clock = cpupin.StepClock("local", root=root)
+    try:
+        name = "cpu.stat.local" if local == "counter" else "cpu.stat"
+        assert clock.throttle_source == f"/{folder}/{name}"
+        clock.begin()
+        write(root, counters(903, 6))  # cpu.stat moves by 3, the local counter by 1
+        clock.end()
+        step = clock.last
+        moved = (1 if local == "counter" else 3) * unit
+        assert step is not None and step.throttled_ns == min(moved, step.wall_ns)
+        assert clock.throttle_lost is None
+    finally:
+        clock.close()
 
 
 def test_step_clock_keeps_the_last_steps_and_calls_on_slow():

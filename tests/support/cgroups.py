@@ -76,3 +76,16 @@ def in_cgroup(path):
         Path(path, "cgroup.procs").write_text(str(os.getpid()))
 
     return enter
+
+
+def throttle_file(path):
+    """The file a step clock in the cgroup ``path`` (which has the quota)
+    should read its throttled time from, by what the kernel shows there:
+    ``cpu.stat.local`` when it holds the counter (Linux 6.6 on), else
+    ``cpu.stat``."""
+    try:
+        text = Path(path, "cpu.stat.local").read_text()
+    except OSError:
+        return "cpu.stat"
+    keys = {line.split(" ")[0] for line in text.splitlines()}
+    return "cpu.stat.local" if keys & {"throttled_usec", "throttled_time"} else "cpu.stat"

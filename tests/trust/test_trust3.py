@@ -24,7 +24,7 @@ from cpupin.pools.limits import environment_advice, omp_num_threads, pool_env, p
 from cpupin.registry import writer as registry
 from cpupin.registry._fields import cpu_list
 from cpupin.registry._record import MAX_SIZE, SLOT, compact, decode, fit
-from tests.support.cgroups import in_cgroup, quota_cgroup
+from tests.support.cgroups import in_cgroup, quota_cgroup, throttle_file
 from tests.support.helpers import in_forked_child, ready_child, run
 
 NOBODY = 65534
@@ -474,7 +474,7 @@ print(json.dumps({"steps": clock.steps, "last": clock.last.throttled_ns,
         )  # fmt: skip
         try:
             first = json.loads(child.stdout.readline())
-            assert first["source"] and first["source"].endswith("cpu.stat")
+            assert first["source"] and first["source"].endswith("/" + throttle_file(path))
             parent = os.path.dirname(path)
             pathlib.Path(parent, "cgroup.procs").write_text(str(child.pid))
             os.rmdir(path)
