@@ -692,8 +692,10 @@ def step_files(
     the cgroup's ``cpu.stat`` open at ``stat_fd`` (``stat_kind`` 2: cgroup
     v2, 1: v1, 0: not read), and the window (ns) within which a begin takes
     the last end as its start. ``-1``: closed. The files' keys
-    (:func:`file_key`) are taken now: the marks read a descriptor only while
-    it names the same file."""
+    (:func:`file_key`) are taken now: a step's readings are used only while
+    its descriptor names the same file (an end checks before it reads, and
+    vouches for its begin's readings: a number that stopped naming the file
+    never names it again)."""
     state[8], state[9], state[10], state[11] = sched_fd, stat_fd, stat_kind, join_ns
     state[STEP_SCHED_KEY] = file_key(sched_fd) if sched_fd >= 0 else 0
     state[STEP_STAT_KEY] = file_key(stat_fd) if stat_fd >= 0 else 0

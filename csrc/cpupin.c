@@ -368,24 +368,40 @@ static long long file_key(int fd)
                        & 0x7fffffffffffffffULL);
 }
 
-static int step_read(long long *s, long long *out)
+/* Whether descriptor fd still names the file whose key is key (never
+ * when the clock holds no key: closed). */
+static int keyed(int fd, long long key)
+{
+    return key != 0 && file_key(fd) == key;
+}
+
+/* A mark's readings. A descriptor is trusted only while it names the file
+ * it was opened on: an application that closed it (os.closerange()) may
+ * have a file of its own under that number now. The end of a step checks
+ * both descriptors (one fstat each) before its readings are used, and so
+ * vouches for the start's readings too: once a number stops naming our
+ * file it never names it again (the clock opens afresh under a new one).
+ * The start (check 0) therefore reads first and checks only a read that
+ * failed, to tell a foreign file from a real error; its readings are used
+ * only when the end's check passes. pread() never changes what it reads
+ * from (pipes, sockets, eventfds refuse it: ESPIPE). */
+static int step_read(long long *s, long long *out, int check)
 {
     char buf[1024];
     unsigned long long st[3];
     ssize_t len;
     int sched_fd = (int)s[8], stat_fd = (int)s[9], stat_kind = (int)s[10];
 
-    /* A descriptor is trusted only while it names the file it was opened
-     * on: an application that closed it (os.closerange()) may have a file
-     * of its own under that number now. */
-    if (file_key(sched_fd) != s[STEP_SCHED_KEY] || s[STEP_SCHED_KEY] == 0)
+    if (check && !keyed(sched_fd, s[STEP_SCHED_KEY]))
         return -EBADF;
     len = pread(sched_fd, buf, 127, 0);
-    if (len < 0)
-        return gone(errno);
+    if (len < 0) {
+        int err = errno;
+        return check || keyed(sched_fd, s[STEP_SCHED_KEY]) ? gone(err) : -EBADF;
+    }
     buf[len] = '\0';
     if (parse_schedstat(buf, st) < 0)
-        return -EINVAL;
+        return check || keyed(sched_fd, s[STEP_SCHED_KEY]) ? -EINVAL : -EBADF;
     out[1] = (long long)st[0];
     out[2] = (long long)st[1];
     out[3] = -1;
@@ -395,15 +411,16 @@ static int step_read(long long *s, long long *out)
      * (the process moved and the old group was removed) or is not ours any
      * more makes the throttled figure unknown from then on, never an error
      * of the step. s[STEP_STAT_ERR] keeps why. */
-    if (file_key(stat_fd) != s[STEP_STAT_KEY]) {
+    if (check && !keyed(stat_fd, s[STEP_STAT_KEY])) {
         s[9] = -1;
         s[STEP_STAT_ERR] = EBADF;
         return 0;
     }
     len = pread(stat_fd, buf, sizeof buf - 1, 0);
     if (len < 0) {
+        int err = errno;
         s[9] = -1;
-        s[STEP_STAT_ERR] = errno;
+        s[STEP_STAT_ERR] = check || keyed(stat_fd, s[STEP_STAT_KEY]) ? err : EBADF;
         return 0;
     }
     buf[len] = '\0';
@@ -433,7 +450,7 @@ static int step_mark(long long *s, int end)
     now[0] = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
     if (!end && now[0] - s[0] < s[11])
         return 1;
-    rc = step_read(s, now);
+    rc = step_read(s, now, end);
     if (rc < 0)
         return rc;
     if (end) {

@@ -25,7 +25,7 @@ from cpupin.registry import writer as registry
 from cpupin.registry._fields import cpu_list
 from cpupin.registry._record import MAX_SIZE, SLOT, compact, decode, fit
 from tests.support.cgroups import in_cgroup, quota_cgroup, throttle_file
-from tests.support.helpers import in_forked_child, ready_child, run
+from tests.support.helpers import in_forked_child, proc_schedstat, ready_child, run
 
 NOBODY = 65534
 
@@ -447,6 +447,55 @@ def test_a_steps_throttled_time_is_never_more_than_its_wall_time(tmp_path_factor
     finally:
         os.close(fd)
         clock.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    content=st.one_of(
+        st.sampled_from([b"1 2 3\n", b"99999999999 99999999999 9\n", b"0 0 0\n", b""]),
+        st.binary(max_size=200),
+    ),
+    when=st.sampled_from(["before begin", "between begin and end"]),
+)
+def test_a_step_read_from_a_file_that_is_not_the_clocks_is_never_recorded(
+    tmp_path_factory, content, when
+):
+    """The start of a step reads its schedstat before checking the
+    descriptor (the end's check vouches for both reads): an application
+    file put under the clock's number, before the step or during it, even
+    one that reads as a schedstat, never makes a step's figures. Every step
+    recorded is the thread's own by /proc's count around it, the file is
+    untouched and stays open, and the clock goes on with a fresh descriptor."""
+    path = tmp_path_factory.mktemp("app") / "data"
+    path.write_bytes(content)
+    clock = cpupin.StepClock(throttle=False)
+    tid = clock.tid
+    number = clock._sched_fd
+    app = os.open(path, os.O_RDONLY)
+    try:
+        before, steps = proc_schedstat(tid), clock.steps
+        if when == "before begin":
+            os.dup2(app, number)  # closes the clock's file, as os.closerange() then open() would
+            clock.begin()
+        else:
+            clock.begin()
+            os.dup2(app, number)
+        clock.end()
+        clock.begin()  # the clock goes on
+        clock.end()
+        after = proc_schedstat(tid)
+        made = clock.recent()[-(clock.steps - steps) :] if clock.steps > steps else []
+        assert 1 <= len(made) <= 2 and clock._sched_fd != number
+        for step in made:
+            assert 0 <= step.run_ns <= after[0] - before[0]
+            assert 0 <= step.wait_ns <= after[1] - before[1]
+        assert os.pread(number, len(content) + 1, 0) == content == path.read_bytes()
+        clock.close()
+        assert os.fstat(number).st_ino == os.fstat(app).st_ino  # never closed by the clock
+    finally:
+        clock.close()
+        for fd in {app, number}:
+            os.close(fd)
 
 
 def test_a_clock_whose_cgroup_went_away_goes_on_stepping():
