@@ -4,10 +4,12 @@ a step with, in the same rounds.
 Cases, each a loop of empty steps (per step, the loop's own cost taken out):
 ``with clock.step()`` (steps back to back: one read a step), ``begin()`` and
 ``end()`` with a gap between steps (two reads), two ``time.perf_counter_ns()``
-(wall time only), and two reads of ``/proc/thread-self/schedstat`` with
-``open().read()`` (what the wait costs without a kept descriptor). As root on
+(wall time only), two ``os.pread()`` of a kept ``/proc/thread-self/schedstat``
+descriptor (the reads a step's wait needs, without parsing or any check), and
+two reads of it with ``open().read()`` (without a kept descriptor). As root on
 a host with the cgroup cpu controller, the clock again inside a cgroup with a
-quota, where each end also reads ``cpu.stat``: only with ``--quota N``,
+quota, where each mark also reads the group's throttled time
+(``cpu.stat.local``, else ``cpu.stat``): only with ``--quota N``,
 which makes that cgroup (``cpupin-bench-*`` under the cpu controller's
 mount, removed after); without it no cgroup is made.
 
@@ -28,7 +30,7 @@ sys.path.insert(0, str(HERE))
 from _env import enter_cgroup, quota_cgroup, start  # noqa: E402
 
 CASES = """
-import sys, time
+import os, sys, time
 sys.path.insert(0, {here!r})
 from _env import paired
 import cpupin
@@ -37,11 +39,12 @@ def loop_with(n):
     for _ in range(n):
         with clock.step():
             pass
+gapped = cpupin.StepClock("gapped")
+gapped._state[11] = 0  # no join window: every begin reads, as after a gap between steps
 def begin_end(n):
-    b, e, s = clock.begin, clock.end, time.sleep
+    b, e = gapped.begin, gapped.end
     for _ in range(n):
         b(); e()
-        clock._state[0] = 0  # the next begin reads again: as after a gap between steps
 def perf(n):
     c = time.perf_counter_ns
     for _ in range(n):
@@ -49,6 +52,11 @@ def perf(n):
 def python_schedstat(n):
     for _ in range(n):
         open("/proc/thread-self/schedstat").read(); open("/proc/thread-self/schedstat").read()
+kept = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+def kept_pread(n):
+    p = os.pread
+    for _ in range(n):
+        p(kept, 127, 0); p(kept, 127, 0)
 def empty(n):
     for _ in range(n):
         pass
@@ -56,6 +64,7 @@ N = {number}
 cases = {{"with clock.step() (back to back)": lambda: loop_with(N),
           "clock.begin() + end() (a gap between steps)": lambda: begin_end(N),
           "two time.perf_counter_ns()": lambda: perf(N),
+          "two os.pread() of a kept schedstat": lambda: kept_pread(N),
           "two open().read() of schedstat": lambda: python_schedstat(N // 10),
           "empty loop": lambda: empty(N)}}
 got = paired(cases, 1, {rounds})
