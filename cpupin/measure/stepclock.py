@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import weakref
+from _thread import get_ident
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -246,7 +247,7 @@ class StepClock:
         return False  # pragma: no cover - raise_oserror raises
 
     def _here(self) -> None:
-        if threading.get_ident() != self._ident and not self._forked_away:
+        if get_ident() != self._ident and not self._forked_away:
             raise RuntimeError(
                 f"StepClock {self.name!r} times tid {self.tid}, the thread that made it; "
                 f"this is tid {_native.gettid()}: make a clock in each thread that steps"
@@ -263,12 +264,19 @@ class StepClock:
 
     # --- a step ----------------------------------------------------------
 
+    # begin() and end() are written out again in __enter__ and __exit__: a
+    # Python call less a mark (bench/stepclock.py).
+
     def begin(self) -> None:
         """Start a step (in the thread that made the clock)."""
-        if threading.get_ident() != self._ident:
+        if get_ident() != self._ident:
             self._here()
         rc = self._begin()
-        if rc < 0 and self._recover(rc):
+        if rc < 0:
+            self._begin_again(rc)
+
+    def _begin_again(self, rc: int) -> None:
+        if self._recover(rc):
             rc = self._begin()
             if rc < 0:
                 self._recover(rc)
@@ -278,23 +286,33 @@ class StepClock:
         could not be read (its files were closed under the clock) is not
         recorded; the clock reopens them for the next."""
         rc = self._end()
-        if rc:  # 2: a slow step (its wait reached slow_wait_us); < 0: an error
-            if rc < 0:
-                self._recover(rc)
-            elif self.on_slow is not None:
-                self.on_slow(self._step_at(_native.STEP_LAST))
+        if rc:
+            self._ended(rc)
+
+    def _ended(self, rc: int) -> None:
+        # 2: a slow step (its wait reached slow_wait_us); < 0: an error.
+        if rc < 0:
+            self._recover(rc)
+        elif self.on_slow is not None:
+            self.on_slow(self._step_at(_native.STEP_LAST))
 
     def step(self) -> StepClock:
         """``with clock.step(): ...``: the clock is its own context manager."""
         return self
 
     def __enter__(self) -> StepClock:
-        self.begin()
+        if get_ident() != self._ident:
+            self._here()
+        rc = self._begin()
+        if rc < 0:
+            self._begin_again(rc)
         return self
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
         if exc is None:
-            self.end()
+            rc = self._end()
+            if rc:
+                self._ended(rc)
             return
         # The step's own exception goes on: the clock's bookkeeping, and
         # on_slow, never replace it.
