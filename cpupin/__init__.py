@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
+from _thread import RLock
 
 # Recorded at import, from the main thread, before anything can pin: the
 # process mask (see cpupin.process.mask). Pinning (cpupin.threads.pins, with the
@@ -32,7 +32,6 @@ from cpupin.threads.pins import (
     register_warmup,
     stray_threads,
 )
-from cpupin.threads.thread import Thread
 
 TYPE_CHECKING = False  # typing costs 4 ms at start (cpupin/_records.py)
 if TYPE_CHECKING:
@@ -92,7 +91,7 @@ if TYPE_CHECKING:
     )
     from cpupin.registry.lock import Claim, claim_gpus
     from cpupin.threads.guard import Drift, PinGuard, check_pins, guard_pins
-    from cpupin.threads.thread import Queue, ThreadPool
+    from cpupin.threads.thread import Queue, Thread, ThreadPool
 
 __version__ = "0.1.0"
 
@@ -126,6 +125,7 @@ _LAZY: dict[str, str] = {
     "ServerPlan": "act.server",
     "Step": "measure.stepclock",
     "StepClock": "measure.stepclock",
+    "Thread": "threads.thread",
     "ThreadPool": "threads.thread",
     "Queue": "threads.thread",
     "ThreadSample": "measure.sampling",
@@ -197,7 +197,7 @@ def __getattr__(name: str) -> Any:
 # while another thread was half way through importing a module would find it
 # half made, its import lock held by a thread the child does not have, and
 # hang on its first use of the name.
-_import_lock = threading.RLock()
+_import_lock = RLock()
 
 
 def _load(module: str) -> Any:
@@ -207,7 +207,12 @@ def _load(module: str) -> Any:
     half made (``partially initialized module``); held back, it runs as
     soon as the import is done."""
     held = None
-    if threading.current_thread() is threading.main_thread():
+    # threading is not imported with cpupin (3 ms): without it no thread
+    # can be told from the main one, and holding signals in another thread
+    # (its own mask, given back after) costs nothing.
+    threading = sys.modules.get("threading")
+    main = getattr(threading, "main_thread", None)
+    if main is None or threading.current_thread() is main():  # type: ignore[union-attr]
         import signal
 
         if hasattr(signal, "pthread_sigmask"):
@@ -247,7 +252,7 @@ def _after_fork_in_child() -> None:
     forgotten, so that the child imports it afresh instead of waiting for
     a thread it does not have."""
     global _import_lock
-    _import_lock = threading.RLock()
+    _import_lock = RLock()
     bootstrap = sys.modules.get("_frozen_importlib")
     locks = getattr(bootstrap, "_module_locks", None)
     for name, mod in list(sys.modules.items()):

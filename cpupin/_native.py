@@ -21,10 +21,8 @@ comes from a small cache.
 from __future__ import annotations
 
 import errno
-import functools
 import os
-import resource
-import threading
+from _thread import _local, allocate_lock, get_native_id
 from collections.abc import Callable, Iterable
 
 from cpupin._cpupin import ffi, lib
@@ -106,13 +104,13 @@ def _read_cpulist(name: str) -> frozenset[int] | None:
 
 # --- the calling thread ----------------------------------------------------
 
-_tls = threading.local()
+_tls = _local()
 
 
 def _forget_thread_state() -> None:
     # A forked child's only thread has a new tid.
     global _tls
-    _tls = threading.local()
+    _tls = _local()
 
 
 def gettid() -> int:
@@ -126,7 +124,7 @@ def gettid() -> int:
     except AttributeError:
         tid = lib.cpupin_gettid()
         if tid < 0:
-            tid = threading.get_native_id()
+            tid = get_native_id()
         _tls.tid = tid
         return tid
 
@@ -528,7 +526,7 @@ class _Tasks:
         if handle == ffi.NULL:
             raise_oserror(err[0], f"pid {pid}")
         self.handle = ffi.gc(handle, lib.cpupin_tasks_close)
-        self.lock = threading.Lock()
+        self.lock = allocate_lock()
         self.need = ffi.new("int *")
         self._size(64)
 
@@ -556,21 +554,30 @@ class _Tasks:
 def _fd_budget() -> int:
     # Descriptors one reader may keep open: an eighth of the soft limit, so
     # that two readers never take more than a quarter of the process's.
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 8192
-    return max(0, soft // 8)
+    soft = nofile_limit()
+    return 8192 if soft is None else max(0, soft // 8)
+
+
+def nofile_limit() -> int | None:
+    """The soft limit on this process's open descriptors (``None``:
+    unlimited), as ``resource.getrlimit(RLIMIT_NOFILE)[0]`` gives it,
+    without importing ``resource`` at a start."""
+    soft = ffi.new("long long *")
+    rc = lib.cpupin_nofile_limit(soft)
+    if rc < 0:
+        raise_oserror(rc, "the limit on open descriptors")
+    return None if soft[0] < 0 else int(soft[0])
 
 
 _readers: dict[int, _Tasks] = {}
-_readers_lock = threading.Lock()
+_readers_lock = allocate_lock()
 
 
 def _forget_readers() -> None:
     # A forked child must not read its parent's tasks through inherited fds.
     global _readers_lock
     _readers.clear()
-    _readers_lock = threading.Lock()
+    _readers_lock = allocate_lock()
 
 
 def _reader(pid: int) -> _Tasks:
@@ -672,6 +679,8 @@ def step_marker(
     ``-errno`` otherwise. One call into C a mark, one argument, no Python
     frame between (``functools.partial``): a step costs about one read of
     each file."""
+    import functools  # here: `import cpupin` does without it (1 ms with types)
+
     bounds = sorted(bounds_ns)[:STEP_MAX_BOUNDS]
     state = ffi.new("long long[]", STEP_RING + 4 * keep)
     step_files(state, -1)

@@ -93,3 +93,6 @@ int cpupin_unmap(void *addr, size_t length);
 
 /* Give a signal its default action (SIG_DFL), before an exec. */
 int cpupin_default_signal(int signum);
+
+/* The soft limit on open descriptors in *soft (-1: unlimited): 0 or -errno. */
+int cpupin_nofile_limit(long long *soft);

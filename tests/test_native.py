@@ -571,3 +571,27 @@ def test_default_signal_undoes_what_python_ignores():
 def test_default_signal_names_a_signal_the_kernel_refuses(signum):
     with pytest.raises(OSError, match=f"signal {signum}"):
         _native.default_signal(signum)
+
+
+NOFILE = """
+import resource, sys
+from cpupin import _native
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard))
+soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+print(_native.nofile_limit() == (None if soft == resource.RLIM_INFINITY else soft), soft)
+"""
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 1.0])
+def test_nofile_limit_is_what_resource_reads(fraction):
+    """resource.getrlimit is the oracle, at the limit this process has and
+    at others a child sets for itself (the hard limit's own included)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert _native.nofile_limit() == (None if soft == resource.RLIM_INFINITY else soft)
+    top = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    wanted = max(16, int(top * fraction))
+    out = subprocess.run(
+        [sys.executable, "-c", NOFILE, str(wanted)], capture_output=True, text=True, check=False
+    )
+    assert out.stdout.split() == ["True", str(wanted)], out.stderr

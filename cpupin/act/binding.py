@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
+from _thread import allocate_lock
 from collections.abc import Iterable, Mapping
 
 from cpupin import _native
@@ -80,7 +80,7 @@ _set_mempolicy = _native.set_mempolicy
 
 # Errnos already warned about: the warning is logged once each.
 _warned: set[int] = set()
-_warned_lock = threading.Lock()
+_warned_lock = allocate_lock()
 
 
 def _refusal(err: int, policy: str, node: int | str) -> str:

@@ -17,7 +17,6 @@ or ``burstable``, and a pod directly under ``kubepods`` is ``Guaranteed``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from cpupin._records import record
@@ -64,6 +63,8 @@ def qos_class(path: str | None) -> str | None:
         return "BestEffort"
     if "burstable" in path:
         return "Burstable"
+    import re  # here, not at the top: exec's start does not pay for it
+
     if re.search(_POD, path, re.ASCII):
         return "Guaranteed"
     return None
@@ -76,6 +77,8 @@ def launcher_of(path: str | None) -> str | None:
         return None
     if "kubepods" in path:
         return "kubernetes"
+    import re
+
     if "slurm" in path or re.search(r"/job_\d+/step_", path):
         return "slurm"
     if re.search(r"(?:^|/)(?:docker|libpod|containerd|cri-containerd)[-/]", path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
+from _thread import get_native_id
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 
 from cpupin._records import NamedTuple, field, record
@@ -356,6 +356,8 @@ _limited_tids: set[int] = set()
 def thread_limits() -> list[tuple[ThreadLimit, frozenset[int]]]:
     """Each OpenMP limit :func:`limit_pools` set, with the live threads it
     applies in (the others run the default team)."""
+    import threading  # here: `import cpupin` does without it
+
     alive = {t.native_id for t in threading.enumerate()}
     _limited_tids.intersection_update(alive)
     return [(limit, frozenset(_limited_tids)) for limit in _thread_limits.values()]
@@ -375,7 +377,7 @@ def apply_thread_limits() -> None:
             limit.apply(limit.size)
         except Exception:  # noqa: BLE001 - a library that refuses keeps its default
             continue
-    _limited_tids.add(threading.get_native_id())
+    _limited_tids.add(get_native_id())
 
 
 def _lower(
@@ -395,7 +397,7 @@ def _lower(
         if per_thread:
             was = _thread_limits.get(label)
             _thread_limits[label] = ThreadLimit(label, size, was.default if was else now, apply)
-            _limited_tids.add(threading.get_native_id())
+            _limited_tids.add(get_native_id())
     else:
         limits.kept[label] = f"already {_threads(now)}, not raised"
 

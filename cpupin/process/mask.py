@@ -10,7 +10,7 @@ takes it from ``CPUPIN_PROCESS_CPUS`` instead.
 from __future__ import annotations
 
 import os
-import threading
+from _thread import allocate_lock
 from collections.abc import Callable, Iterable, Mapping
 
 from cpupin import _native
@@ -37,9 +37,10 @@ __all__ = [
     "set_process_cpus",
     "start_time",
     "thread_masks",
+    "to_process_mask",
 ]
 
-_lock = threading.Lock()
+_lock = allocate_lock()
 
 
 def _record() -> frozenset[int] | None:
@@ -166,3 +167,65 @@ def thread_masks(
         except ProcessLookupError:
             continue
     return out
+
+
+def to_process_mask() -> None:
+    """Move the calling thread to the process mask, unless it is there.
+
+    Reading the mask costs about a third of setting it, so a thread already
+    on the process mask (the common case) pays only the read. Never raises
+    for a process mask the kernel no longer allows whole: see
+    :func:`_fit_process_mask`.
+    """
+    cpus = process_cpus()
+    try:
+        if not _native.on_mask(cpus):
+            _native.set_affinity(cpus)
+    except ValueError:  # a CPU of the mask went offline, or left the cpuset
+        _fit_process_mask(cpus)
+
+
+# Process masks already warned about: the warning is logged once each.
+_warned: set[frozenset[int]] = set()
+_warned_lock = allocate_lock()
+
+
+def _after_fork_in_child() -> None:
+    # The child has one thread: a lock another thread held at the fork
+    # would never be released.
+    global _warned_lock
+    _warned_lock = allocate_lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _fit_process_mask(cpus: frozenset[int]) -> None:
+    """The cpuset shrank, or CPUs went offline, since the process mask was
+    recorded: the calling thread takes what the kernel still allows of the
+    process mask, or, when that is nothing, keeps the mask it inherited.
+    Logged once for each process mask; the work runs either way."""
+    usable = cpus & _native.online_cpus(refresh=True)
+    if usable:
+        try:
+            _native.set_affinity(usable)
+        except ValueError:
+            pass  # the kernel set what it allows of it, or left the mask alone
+    now = _native.get_affinity()
+    with _warned_lock:
+        if cpus in _warned:
+            return
+        _warned.add(cpus)
+    if now <= cpus:
+        what = f"new threads run on what is left of it, CPU {format_cpulist(now)}"
+    else:
+        what = f"new threads keep their creator's mask, CPU {format_cpulist(now)}"
+    import logging  # here alone: importing it costs ``import cpupin`` 4 ms
+
+    logging.getLogger("cpupin").warning(
+        "cpupin: the kernel no longer allows the whole process mask %s (the cpuset or "
+        "the online CPUs changed); %s; call cpupin.refresh_process_cpus() after a cpuset "
+        "change",
+        format_cpulist(cpus),
+        what,
+    )

@@ -48,8 +48,9 @@ from __future__ import annotations
 import atexit
 import errno
 import os
-import threading
+import sys
 import time
+from _thread import RLock
 from collections.abc import Iterable
 
 from cpupin import _native
@@ -111,7 +112,7 @@ __all__ = [
 
 # One lock for the record, re-entrant: a signal handler that releases a pin
 # runs in the thread it interrupted, which may be inside register_pins.
-_lock = threading.RLock()
+_lock = RLock()
 # Where this process's record is (directory, name), when it has one.
 _written: tuple[str, str] | None = None
 # The record file, mapped shared, and its device and inode. No descriptor is
@@ -496,7 +497,9 @@ def _pools_now() -> list[dict[str, Any]]:
     try:
         from cpupin.registry import _torch_thread
 
-        key = (frozenset(threading._active), _torch_thread._pool_thread)  # type: ignore[attr-defined]
+        # No threading loaded: no thread but the main one to name.
+        threads = getattr(sys.modules.get("threading"), "_active", ())
+        key = (frozenset(threads), _torch_thread._pool_thread)
         if _pools_read is not None and _pools_read[0] == key:
             return _pools_read[1]
         from cpupin.registry._pool_names import recorded_pools
@@ -783,7 +786,7 @@ def _after_fork_in_child() -> None:
     _good = None
     _full_due, _env_seen = 0.0, None
     _closed = False
-    _lock = threading.RLock()
+    _lock = RLock()
     _pins.clear()
     _about.clear()
 

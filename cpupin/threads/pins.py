@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
+from _thread import _local
 from collections.abc import Callable, Iterable
 
 from cpupin import _native
@@ -22,12 +22,19 @@ from cpupin._records import NamedTuple
 from cpupin.cpulist import cpus_phrase, format_cpulist
 from cpupin.errors import excerpt
 from cpupin.process import mask as _process_module
-from cpupin.process.mask import process_cpus, set_process_cpus, start_time, thread_masks
+from cpupin.process.mask import (
+    process_cpus,
+    set_process_cpus,
+    start_time,
+    thread_masks,
+    to_process_mask,
+)
 from cpupin.registry import writer as registry
-from cpupin.threads.thread import to_process_mask
 
 TYPE_CHECKING = False  # typing costs 4 ms at start (cpupin/_records.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from cpupin.threads._drift import Drift
 
 __all__ = [
@@ -57,7 +64,7 @@ _dirty = False
 # thread ends, Python frees it and its (tid, start time) lands here, so a
 # publish drops the pin of a thread gone without a read of /proc.
 _gone: list[tuple[int, int | None]] = []
-_sentinels = threading.local()
+_sentinels = _local()
 # When the pins of the other threads were last checked against /proc (for a
 # thread whose end Python did not see: one killed from C).
 _last_sweep = 0.0
@@ -87,7 +94,7 @@ def _after_fork_in_child() -> None:
     global _pins_lock, _publishing, _dirty, _sentinels
     _pins_lock = registry._lock  # the record's, made anew in the child first
     _pins.clear()
-    _sentinels = threading.local()  # the thread's tid is the child's own
+    _sentinels = _local()  # the thread's tid is the child's own
     _gone.clear()
     _publishing = _dirty = False
 
@@ -279,12 +286,12 @@ def pin_current_thread(
     except AttributeError:
         tid = _native.gettid()
         started = _native.thread_start_time()
-        thread = threading.current_thread()
+        thread = _python_thread()
         _sentinels.me = (tid, started, thread)
         _sentinels.gone = _ThreadGone((tid, started))
     # The name Python knows (a thread started from C or _thread gets a
     # placeholder), else the kernel's.
-    label = thread.name
+    label = thread.name if thread is not None else f"tid {tid}"
     # Pinned and registered under the lock stray_threads() reads under.
     _pins_lock.acquire()
     try:
@@ -294,6 +301,20 @@ def pin_current_thread(
     finally:
         _pins_lock.release()
     return Pin(tid, wanted, previous, False, started)
+
+
+def _python_thread() -> Any:
+    """The calling thread's ``threading.Thread``. ``threading`` is imported
+    here, not with cpupin: ``cpupin exec`` and ``import cpupin`` need none
+    of it (3 ms with functools and collections). ``None`` only for a
+    signal handler that ran while the main thread was half way through its
+    own first import of ``threading``."""
+    try:
+        import threading
+
+        return threading.current_thread()
+    except (AttributeError, ImportError):
+        return None
 
 
 def _alive(tid: int, started: int | None) -> bool:
@@ -370,7 +391,9 @@ def _publish(changed: int | None = None) -> None:
 def _name_current_thread(name: str) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"name={excerpt(name)}: give a thread name such as 'gpu-loop'")
-    threading.current_thread().name = name
+    thread = _python_thread()
+    if thread is not None:
+        thread.name = name
     rc = _native.set_thread_name(name)
     if rc < 0:
         _native.raise_oserror(rc, "naming the calling thread")

@@ -14,6 +14,7 @@ import pytest
 import cpupin
 from cpupin import _native
 from cpupin.measure import sampling
+from cpupin.process import mask as process_mask
 from cpupin.threads import thread as threads
 from tests.support.helpers import run_python, sleeper_on
 
@@ -184,8 +185,10 @@ def test_cpupin_top_of_a_process_that_exits_says_so_in_one_line():
 
 def test_a_thread_whose_process_mask_is_no_longer_allowed_still_runs(monkeypatch, caplog):
     """Simulated: the process mask names a CPU the kernel refuses."""
-    monkeypatch.setattr(threads, "process_cpus", lambda: frozenset({0, 5000}))
-    monkeypatch.setattr(threads, "_warned", set())
+    refused = lambda: frozenset({0, 5000})  # noqa: E731
+    monkeypatch.setattr(threads, "process_cpus", refused)
+    monkeypatch.setattr(process_mask, "process_cpus", refused)  # to_process_mask's
+    monkeypatch.setattr(process_mask, "_warned", set())
     ran = []
     with caplog.at_level(logging.WARNING, logger="cpupin"):
         for _ in range(3):
