@@ -193,7 +193,8 @@ _warned_lock = allocate_lock()
 def _after_fork_in_child() -> None:
     # The child has one thread: a lock another thread held at the fork
     # would never be released.
-    global _warned_lock
+    global _lock, _warned_lock
+    _lock = allocate_lock()
     _warned_lock = allocate_lock()
 
 
@@ -220,9 +221,7 @@ def _fit_process_mask(cpus: frozenset[int]) -> None:
         what = f"new threads run on what is left of it, CPU {format_cpulist(now)}"
     else:
         what = f"new threads keep their creator's mask, CPU {format_cpulist(now)}"
-    import logging  # here alone: importing it costs ``import cpupin`` 4 ms
-
-    logging.getLogger("cpupin").warning(
+    _log().warning(
         "cpupin: the kernel no longer allows the whole process mask %s (the cpuset or "
         "the online CPUs changed); %s; call cpupin.refresh_process_cpus() after a cpuset "
         "change",
