@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import threading
 import weakref
 from _thread import get_ident
 from collections.abc import Callable, Iterator
@@ -184,7 +183,7 @@ class StepClock:
 
     def _open(self) -> None:
         self.tid = _native.gettid()
-        self._ident = threading.get_ident()
+        self._ident = get_ident()
         self._sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
         self._stat_fd, kind = -1, 0
         if self._want_throttle:
