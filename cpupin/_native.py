@@ -650,6 +650,9 @@ STEP_LAST, STEP_COUNT, STEP_SUMS, STEP_SLOW, STEP_BOUNDS, STEP_COUNTS, STEP_RING
 STEP_MAX_BOUNDS = 32
 #: The keys of a step clock's two files, and why its cpu.stat was dropped.
 STEP_SCHED_KEY, STEP_STAT_KEY, STEP_STAT_ERR = 85, 86, 87
+#: The clock's owning thread (:func:`step_own`), and what a mark made by any
+#: other thread returns (below every ``-errno``): it touches nothing.
+STEP_OWNER, STEP_OTHER_THREAD = 19, -4096
 
 
 def file_key(fd: int) -> int:
@@ -676,9 +679,10 @@ def step_marker(
     ``state[13]``, adds it to the sums at ``state[14:17]``, counts its wait
     in the first of ``bounds_ns`` it does not exceed (``state[52:]``), and
     returns 2 when the wait reached ``slow_ns`` (>= 0). Each returns 0 or
-    ``-errno`` otherwise. One call into C a mark, one argument, no Python
-    frame between (``functools.partial``): a step costs about one read of
-    each file."""
+    ``-errno`` otherwise, or :data:`STEP_OTHER_THREAD` when the calling
+    thread is not the one :func:`step_own` named (none until then). One
+    call into C a mark, one argument, no Python frame between
+    (``functools.partial``): a step costs about one read of each file."""
     import functools  # here: `import cpupin` does without it (1 ms with types)
 
     bounds = sorted(bounds_ns)[:STEP_MAX_BOUNDS]
@@ -692,6 +696,12 @@ def step_marker(
         functools.partial(lib.cpupin_step_end, state),
         state,
     )
+
+
+def step_own(state: Any) -> None:
+    """Make the calling thread the only one whose marks a step clock's
+    state takes (C's ``pthread_self``: checked in the mark, at no cost)."""
+    lib.cpupin_step_own(state)
 
 
 def step_files(

@@ -352,12 +352,14 @@ int cpupin_thread_start(unsigned long long *out)
  * 2 when the wait reached s[17] (>= 0), else 0; or -errno (-EBADF: the
  * schedstat descriptor no longer names its file). s[85] and s[86] are the
  * keys (file_key) of the two files; a cpu.stat that cannot be read any more
- * is dropped (s[9] = -1) with its errno in s[87]. The caller decides the
- * bounds and what a slow step means. */
+ * is dropped (s[9] = -1) with its errno in s[87]. s[19] is the thread
+ * that owns the clock (cpupin_step_own): a mark made by any other thread
+ * touches nothing and returns STEP_OTHER_THREAD (below every -errno). The
+ * caller decides the bounds and what a slow step means. */
 enum {
     STEP_KEEP = 12, STEP_COUNT = 13, STEP_SUMS = 14, STEP_SLOW = 17, STEP_NBOUNDS = 18,
-    STEP_BOUNDS = 20, STEP_MAX_BOUNDS = 32, STEP_COUNTS = 52, STEP_SCHED_KEY = 85,
-    STEP_STAT_KEY = 86, STEP_STAT_ERR = 87, STEP_RING = 88
+    STEP_OWNER = 19, STEP_OTHER_THREAD = -4096, STEP_BOUNDS = 20, STEP_MAX_BOUNDS = 32,
+    STEP_COUNTS = 52, STEP_SCHED_KEY = 85, STEP_STAT_KEY = 86, STEP_STAT_ERR = 87, STEP_RING = 88
 };
 
 /* The key a step clock keeps of each file it reads (its device and inode
@@ -449,6 +451,10 @@ static int step_mark(long long *s, int end)
     long long now[4];
     int rc;
 
+    /* The schedstat is the owner's: another thread would time it, not
+     * itself (pthread_self is a load of the thread pointer, no call). */
+    if ((unsigned long long)s[STEP_OWNER] != (unsigned long long)(uintptr_t)pthread_self())
+        return STEP_OTHER_THREAD;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     now[0] = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
     if (!end && now[0] - s[0] < s[11])
@@ -487,6 +493,11 @@ static int step_mark(long long *s, int end)
 }
 int cpupin_step_begin(long long *s) { return step_mark(s, 0); }
 int cpupin_step_end(long long *s) { return step_mark(s, 1); }
+int cpupin_step_own(long long *s)
+{
+    s[STEP_OWNER] = (long long)(uintptr_t)pthread_self();
+    return 0;
+}
 
 /* The calling thread's kernel name (comm, what top -H, ps -L, perf and
  * py-spy show): at most 15 bytes, cut by the caller. */
@@ -1175,6 +1186,7 @@ int cpupin_schedstat(int pid, int tid, unsigned long long *out3) { return -ENOSY
 int cpupin_thread_start(unsigned long long *out) { return -ENOSYS; }
 int cpupin_step_begin(long long *s) { return -ENOSYS; }
 int cpupin_step_end(long long *s) { return -ENOSYS; }
+int cpupin_step_own(long long *s) { return -ENOSYS; }
 int cpupin_open_in_root(int rootfd, const char *path, int want_dir, unsigned int *mode)
 {
     return -ENOSYS;

@@ -46,9 +46,11 @@ int cpupin_thread_start(unsigned long long *out);
  * last step's differences, the schedstat and cpu.stat descriptors, the
  * cgroup version (0: none), the join window, then a ring of steps and
  * their sums. begin returns 1 when the previous end stands as the start;
- * both 0 or -errno. */
+ * both 0 or -errno, or -4096 when called by a thread other than the one
+ * that made itself the owner with cpupin_step_own (which returns 0). */
 int cpupin_step_begin(long long *s);
 int cpupin_step_end(long long *s);
+int cpupin_step_own(long long *s);
 
 /* The calling thread's kernel name (prctl PR_SET_NAME; 15 bytes at most). */
 int cpupin_set_thread_name(const char *name);

@@ -21,7 +21,6 @@ import errno
 import os
 import sys
 import weakref
-from _thread import get_ident
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -127,8 +126,9 @@ class StepClock:
     time: a step's figure is capped at its wall time (the step was held back
     at most all of it), and is the group's, not the thread's.
 
-    A clock times the thread that made it: used from another thread it
-    raises ``RuntimeError`` at the step's start. Its own bookkeeping never
+    A clock times the thread that made it: a mark made from another thread
+    records nothing and raises ``RuntimeError`` (the check is in C, at no
+    cost to the owner's marks). Its own bookkeeping never
     fails a step: a ``cpu.stat`` that goes away (the process moved to
     another cgroup) leaves the throttled time unknown
     (:attr:`throttle_lost`), descriptors closed under it are opened afresh
@@ -183,7 +183,7 @@ class StepClock:
 
     def _open(self) -> None:
         self.tid = _native.gettid()
-        self._ident = get_ident()
+        _native.step_own(self._state)
         self._sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
         self._stat_fd, kind = -1, 0
         if self._want_throttle:
@@ -229,6 +229,11 @@ class StepClock:
                 "this StepClock was made in a thread of the parent process that the "
                 "child does not have: make one in the child's step thread"
             )
+        if rc == _native.STEP_OTHER_THREAD:
+            raise RuntimeError(
+                f"StepClock {self.name!r} times tid {self.tid}, the thread that made it; "
+                f"this is tid {_native.gettid()}: make a clock in each thread that steps"
+            )
         if self._sched_fd < 0:
             raise RuntimeError(f"StepClock {self.name!r} is closed")
         if rc == -errno.EBADF:
@@ -244,13 +249,6 @@ class StepClock:
             )
         _native.raise_oserror(rc, f"the step clock of tid {self.tid}")
         return False  # pragma: no cover - raise_oserror raises
-
-    def _here(self) -> None:
-        if get_ident() != self._ident and not self._forked_away:
-            raise RuntimeError(
-                f"StepClock {self.name!r} times tid {self.tid}, the thread that made it; "
-                f"this is tid {_native.gettid()}: make a clock in each thread that steps"
-            )
 
     @property
     def throttle_lost(self) -> str | None:
@@ -268,8 +266,6 @@ class StepClock:
 
     def begin(self) -> None:
         """Start a step (in the thread that made the clock)."""
-        if get_ident() != self._ident:
-            self._here()
         rc = self._begin()
         if rc < 0:
             self._begin_again(rc)
@@ -300,8 +296,6 @@ class StepClock:
         return self
 
     def __enter__(self) -> StepClock:
-        if get_ident() != self._ident:
-            self._here()
         rc = self._begin()
         if rc < 0:
             self._begin_again(rc)

@@ -717,6 +717,8 @@ def test_step_clock_keeps_the_last_steps_and_calls_on_slow():
 
 
 def test_step_clock_measures_the_thread_that_made_it():
+    from cpupin import _native
+
     box = []
     made = threading.Thread(target=lambda: box.append(cpupin.StepClock()))
     made.start()
@@ -729,15 +731,65 @@ def test_step_clock_measures_the_thread_that_made_it():
     while os.path.exists(f"/proc/self/task/{clock.tid}") and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not os.path.exists(f"/proc/self/task/{clock.tid}")
-    # Used from another thread, it says so (it would time the maker).
-    with pytest.raises(RuntimeError, match=f"times tid {clock.tid}, the thread that made it"):
+    # Used from another thread, it says so (it would time the maker), at
+    # either mark, and records nothing.
+    before = list(clock._state[0:20])
+    for mark in (clock.begin, clock.end):
+        with pytest.raises(RuntimeError, match=f"times tid {clock.tid}, the thread that made it"):
+            mark()
+    with pytest.raises(RuntimeError, match="the thread that made it"), clock:
+        pass
+    assert clock._begin() == clock._end() == _native.STEP_OTHER_THREAD
+    assert list(clock._state[0:20]) == before and clock.steps == 0
+    # A thread that takes the dead owner's identity (glibc hands a new
+    # thread the stack, and so the pthread_t, of one that ended) passes the
+    # check and gets the kernel's word: that thread is gone.
+    _native.step_own(clock._state)
+    assert clock._begin() == -errno.ESRCH
+    with pytest.raises(ProcessLookupError, match=f"tid {clock.tid}, the thread this StepClock"):
         clock.begin()
-    assert clock._begin() == -errno.ESRCH  # the kernel's word: that thread is gone
     clock.close()
     mine = cpupin.StepClock()
     mine.close()
     with pytest.raises(RuntimeError, match="closed"):
         mine.begin()
+
+
+def test_a_step_clock_refuses_a_mark_from_another_thread_while_its_owner_steps():
+    """The owner's open step survives another thread's begin() and end():
+    neither touches the clock, and the owner's end records the one step,
+    whose run time is the owner's (its busy loop), not the intruder's."""
+    from cpupin import _native
+
+    clock = cpupin.StepClock()
+    errors: list[BaseException] = []
+
+    def intrude() -> None:
+        for mark in (clock.begin, clock.end, clock.begin):
+            try:
+                mark()
+            except RuntimeError as e:
+                errors.append(e)
+        errors.append(AssertionError(clock._end()))  # the raw mark's code
+
+    with clock:
+        before = list(clock._state[0:20])
+        intruder = threading.Thread(target=intrude)
+        intruder.start()
+        intruder.join()
+        assert list(clock._state[0:20]) == before
+        cpu0 = time.thread_time_ns()
+        while time.thread_time_ns() - cpu0 < 20_000_000:  # 20 ms on this thread's CPU
+            pass
+    assert [type(e) for e in errors] == [RuntimeError] * 3 + [AssertionError]
+    assert errors[-1].args == (_native.STEP_OTHER_THREAD,)
+    assert all(f"this is tid {intruder.native_id}" in str(e) for e in errors[:3])
+    assert clock.steps == 1
+    # The owner's CPU time in the step: its busy loop, less at most the
+    # tick by which schedstat's count lags thread_time_ns's (same counter,
+    # brought up to date at ticks and switches; HZ >= 100).
+    assert clock.last is not None and clock.last.run_ns >= 20_000_000 - 10_000_000
+    clock.close()
 
 
 @pytest.mark.parametrize(
