@@ -700,7 +700,8 @@ def step_marker(
 
 def step_own(state: Any) -> None:
     """Make the calling thread the only one whose marks a step clock's
-    state takes (C's ``pthread_self``: checked in the mark, at no cost)."""
+    state takes (C's ``pthread_self``, compared in each mark without a
+    system call)."""
     lib.cpupin_step_own(state)
 
 

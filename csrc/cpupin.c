@@ -452,7 +452,7 @@ static int step_mark(long long *s, int end)
     int rc;
 
     /* The schedstat is the owner's: another thread would time it, not
-     * itself (pthread_self is a load of the thread pointer, no call). */
+     * itself (pthread_self reads the thread pointer: no system call). */
     if ((unsigned long long)s[STEP_OWNER] != (unsigned long long)(uintptr_t)pthread_self())
         return STEP_OTHER_THREAD;
     clock_gettime(CLOCK_MONOTONIC, &ts);

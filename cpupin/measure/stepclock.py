@@ -127,8 +127,8 @@ class StepClock:
     at most all of it), and is the group's, not the thread's.
 
     A clock times the thread that made it: a mark made from another thread
-    records nothing and raises ``RuntimeError`` (the check is in C, at no
-    cost to the owner's marks). Its own bookkeeping never
+    records nothing and raises ``RuntimeError`` (the check is in C, without
+    a system call). Its own bookkeeping never
     fails a step: a ``cpu.stat`` that goes away (the process moved to
     another cgroup) leaves the throttled time unknown
     (:attr:`throttle_lost`), descriptors closed under it are opened afresh
