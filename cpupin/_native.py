@@ -650,9 +650,10 @@ STEP_LAST, STEP_COUNT, STEP_SUMS, STEP_SLOW, STEP_BOUNDS, STEP_COUNTS, STEP_RING
 STEP_MAX_BOUNDS = 32
 #: The keys of a step clock's two files, and why its cpu.stat was dropped.
 STEP_SCHED_KEY, STEP_STAT_KEY, STEP_STAT_ERR = 85, 86, 87
-#: The clock's owning thread (:func:`step_own`), and what a mark made by any
-#: other thread returns (below every ``-errno``): it touches nothing.
-STEP_OWNER, STEP_OTHER_THREAD = 19, -4096
+#: What a mark made by any thread but the clock's owner (:func:`step_own`,
+#: kept at ``state[19]`` by C alone) returns, below every ``-errno``: it
+#: touches nothing.
+STEP_OTHER_THREAD = -4096
 
 
 def file_key(fd: int) -> int:
