@@ -28,7 +28,15 @@ from cpupin.host._proc import exited, own_start
 from cpupin.host._sysfs import Reader
 from cpupin.registry.journal import Journal, journals, locked, read_journal
 
-__all__ = ["Holder", "dead_holds", "settle", "settle_all", "still_applied", "strictest"]
+__all__ = [
+    "Holder",
+    "dead_holds",
+    "settle",
+    "settle_all",
+    "settle_root",
+    "still_applied",
+    "strictest",
+]
 
 #: The most holders one CPU's entry keeps, and the most values it remembers.
 MAX_HOLDERS = 64
@@ -248,30 +256,36 @@ def settle_all(directory: str | None = None) -> list[str]:
     for root in journals("wake", directory):
         if root != "/" and not os.path.isdir(root):
             continue
-        try:
-            with locked("wake", root, directory) as journal:
-                before = entries(journal.entries)
-                dead = {
-                    cpu: sorted({h.pid for h in e.holders if not h.alive}) or None
-                    for cpu, e in before.items()
-                    if not any(h.alive for h in e.holders)
-                }
-                with Reader(root) as r:
-                    notes, _ = settle(journal, r)
-                after = entries(journal.entries)
-        except OSError as exc:
-            lines.append(f"wake journal of {root}: {exc.strerror or exc}")
-            continue
-        back = sorted(c for c in dead if c not in after)
-        for cpu in back:
-            pids = dead[cpu]
-            who = f"pid {', '.join(map(str, pids))}" if pids else "a holder that died"
-            lines.append(
-                f"{who}: wake latency of CPU {cpu} put back to {before[cpu].original}"
-                + ("" if root == "/" else f" (under {root})")
-            )
-        lines += notes
+        lines += settle_root(root, directory)
     return lines
+
+
+def settle_root(root: str, directory: str | None = None) -> list[str]:
+    """Settle the wake journal of ``root`` (what :func:`settle_all` does for
+    each): a line for each CPU put back, and for each that could not be."""
+    lines: list[str] = []
+    try:
+        with locked("wake", root, directory) as journal:
+            before = entries(journal.entries)
+            dead = {
+                cpu: sorted({h.pid for h in e.holders if not h.alive}) or None
+                for cpu, e in before.items()
+                if not any(h.alive for h in e.holders)
+            }
+            with Reader(root) as r:
+                notes, _ = settle(journal, r)
+            after = entries(journal.entries)
+    except OSError as exc:
+        return [f"wake journal of {root}: {exc.strerror or exc}"]
+    back = sorted(c for c in dead if c not in after)
+    for cpu in back:
+        pids = dead[cpu]
+        who = f"pid {', '.join(map(str, pids))}" if pids else "a holder that died"
+        lines.append(
+            f"{who}: wake latency of CPU {cpu} put back to {before[cpu].original}"
+            + ("" if root == "/" else f" (under {root})")
+        )
+    return lines + notes
 
 
 def still_applied(directory: str | None = None) -> list[dict[str, object]]:
