@@ -104,6 +104,9 @@ class WakeHold:
     """What the hold shares, and what release could not put back, and why."""
     number: int = 0
     """Which of this process's holds it is (the journal's key, with the pid)."""
+    warden: int | None = None
+    """For ``sysfs``: the pid of the process that puts the CPUs back if this
+    one dies holding them (:mod:`cpupin.registry.warden`), or ``None``."""
 
     def as_record(self) -> dict[str, object]:
         """What the process's record carries of it."""
@@ -113,6 +116,8 @@ class WakeHold:
             "max_us": self.max_us,
             "since": round(self.since, 3),
         }
+        if self.warden is not None:
+            out["warden"] = self.warden
         return out
 
     def describe(self) -> str:
@@ -246,6 +251,7 @@ def hold_wake_latency(
             hold = _hold_dma(wanted, max_us)
         else:
             hold = _hold_sysfs(r, root, wanted, max_us)
+            hold.warden = _watch(root)
     with _lock:
         global _atexit
         _held.append(hold)
@@ -369,6 +375,15 @@ def _publish() -> None:
     registry.describe_process(wake_holds=[h.as_record() for h in holds()])
 
 
+def _watch(root: str) -> int | None:
+    """The warden of this process's sysfs holds on ``root`` (started with
+    the first): it puts them back if this process dies holding them."""
+    from cpupin.registry import warden
+
+    with _lock:
+        return warden.watch(root)
+
+
 def _let_go(hold: WakeHold) -> list[str]:
     """A sysfs hold's share given up, from the journal: each CPU gets the
     bound of the holders still living, or its original value."""
@@ -383,6 +398,11 @@ def _let_go(hold: WakeHold) -> list[str]:
             f"CPUs {format_cpulist(hold.cpus)}: {exc.strerror or exc}: left in the wake journal; "
             "cpupin ps --prune puts them back"
         ]
+    others = (h for h in _held if h is not hold)
+    if hold.warden is not None and all(h.warden != hold.warden for h in others):
+        from cpupin.registry import warden
+
+        warden.release(hold.warden)  # this process holds nothing more where it watches
     return notes
 
 

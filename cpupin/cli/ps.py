@@ -214,7 +214,8 @@ def _about_lines(p: dict[str, Any]) -> list[str]:
         what = "no wake latency" if h["max_us"] == 0 else f"wakes within {h['max_us']} µs"
         where = "pm_qos_resume_latency_us" if h["mechanism"] == "sysfs" else "cpu_dma_latency"
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["since"]))
-        out.append(f"holds CPUs {h['cpus_list']}: {what} ({where}) since {since}")
+        warden = "" if h.get("warden") is None else f", warden pid {h['warden']}"
+        out.append(f"holds CPUs {h['cpus_list']}: {what} ({where}) since {since}{warden}")
     for s in p.get("steps", []):
         out.append(
             f"steps {s['clock']}: {s['steps']} on tid {s['tid']}, "

@@ -108,6 +108,9 @@ class RecordedHold(NamedTuple):
     """``sysfs``, in a record of a cpupin before the wake journal: each CPU's
     value before the hold. The journal keeps them now
     (:mod:`cpupin.registry.holds`)."""
+    warden: int | None = None
+    """``sysfs``: the pid of the process that puts the CPUs back if the
+    holder dies holding them (:mod:`cpupin.registry.warden`)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -117,6 +120,7 @@ class RecordedHold(NamedTuple):
             "max_us": self.max_us,
             "since": self.since,
             "previous": {str(c): v for c, v in self.previous} or None,
+            "warden": self.warden,
         }
 
 
@@ -192,6 +196,9 @@ def hold_list(value: object, host: frozenset[int]) -> tuple[RecordedHold, ...]:
                 whole(h.get("max_us"), 0, MAX_US, "a wake hold's max_us"),
                 seconds(h.get("since"), "a wake hold's since"),
                 tuple(sorted(previous)),
+                None
+                if h.get("warden") is None
+                else whole(h.get("warden"), 1, PID_LIMIT - 1, "a wake hold's warden"),
             )
         )
     return tuple(out)

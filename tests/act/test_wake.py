@@ -403,7 +403,8 @@ def test_ps_prune_puts_back_what_a_killed_holder_held(tmp_path):
         return
     before = Path(REAL.format(cpu)).read_text().strip()
     try:
-        child = ready_child(KILLED_HOLDER, tmp_path, str(cpu))
+        # No warden (tests/act/test_warden.py has it put back): the prune's own way.
+        child = ready_child(KILLED_HOLDER, tmp_path, str(cpu), env={"CPUPIN_WARDEN": "0"})
         assert Path(REAL.format(cpu)).read_text().strip() == "n/a"
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -456,7 +457,9 @@ def test_a_server_putting_away_its_killed_workers_puts_back_their_holds(tmp_path
         return
     before = Path(REAL.format(cpu)).read_text().strip()
     try:
-        child = ready_child(SERVER_MEMBER, tmp_path, *args)
+        # No warden: the server's prune of its members puts back, as it must
+        # where a warden was killed with its worker.
+        child = ready_child(SERVER_MEMBER, tmp_path, *args, env={"CPUPIN_WARDEN": "0"})
         child.send_signal(signal.SIGKILL)
         child.wait()
         assert Path(REAL.format(cpu)).read_text().strip() == "n/a"

@@ -21,7 +21,14 @@ from cpupin.act import wake
 from cpupin.registry.holds import entries, settle_all
 from cpupin.registry.journal import read_journal
 from tests.support.helpers import run
-from tests.support.wake import REAL
+from tests.support.wake import (
+    NAMESPACE,
+    REAL,
+    cpuidle_refusal,
+    namespace_refusal,
+    tree,
+    values,
+)
 
 # The host's own PM QoS and interrupts: with pytest-xdist, these tests run
 # one at a time on one worker, never beside another that reads or sets them.
@@ -52,25 +59,15 @@ print(len(steps), flush=True)
 """
 
 
-def tree(root, values):
-    base = root / "sys/devices/system/cpu"
-    base.mkdir(parents=True)
-    (base / "online").write_text(f"0-{max(values)}\n")
-    (base / "cpuidle").mkdir()
-    (base / "cpuidle/current_driver").write_text("intel_idle\n")
-    for cpu, text in values.items():
-        (base / f"cpu{cpu}/power").mkdir(parents=True)
-        (base / f"cpu{cpu}/power/pm_qos_resume_latency_us").write_text(text + "\n")
-    return root
-
-
-def values(root, cpus):
-    rel = "sys/devices/system/cpu/cpu{}/power/pm_qos_resume_latency_us"
-    return {c: (root / rel.format(c)).read_text().strip() for c in cpus}
+#: The holders these tests kill: no warden (tests/act/test_warden.py has
+#: its own), so that what a dead holder leaves stays until the journal's
+#: next settle, the lazy path every holder still has when its warden is
+#: killed with it.
+NO_WARDEN = {"CPUPIN_WARDEN": "0"}
 
 
 def child(args, lock_dir, prefix=(), **kw):
-    env = {**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir)}
+    env = {**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir), **NO_WARDEN}
     return subprocess.run([*prefix, sys.executable, "-c", CHILD, *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=120, **kw)  # fmt: skip
 
@@ -78,9 +75,10 @@ def child(args, lock_dir, prefix=(), **kw):
 def holding(root, locks, cpus):
     """A child holding ``cpus`` (a CPU list) of ``root`` at 0 µs, once it
     says it holds them; the test kills it or lets it go."""
+    env = {**os.environ, "CPUPIN_LOCK_DIR": str(locks), **NO_WARDEN}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), cpus, "0", "wait", "0"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "CPUPIN_LOCK_DIR": str(locks)})  # fmt: skip
+                            env=env)  # fmt: skip
     assert proc.stdout.readline() == "ready\n"
     return proc
 
@@ -246,40 +244,6 @@ def test_a_killed_holder_is_shown_by_ps_with_its_holds(tmp_path):
 
 # --- the real files, in a private mount namespace ------------------------------------
 
-#: A mount namespace where cpuidle names a driver, whatever this host lists
-#: (a driver, "none" as many VMs, or nothing at all under a tmpfs, as CI's
-#: no-idle pass shows it): a fresh tmpfs over the cpuidle folder, holding
-#: only that name. The PM QoS files and /dev/cpu_dma_latency stay the real ones.
-CPUIDLE = "/sys/devices/system/cpu/cpuidle"
-NAMESPACE = (
-    f"mount --make-rprivate / && mount -t tmpfs none {CPUIDLE} && "
-    f'echo intel_idle > {CPUIDLE}/current_driver && exec "$@"'
-)
-
-
-def _cpuidle_refusal():
-    if not os.path.isdir(CPUIDLE):
-        return f"this kernel has no {CPUIDLE} folder to name a driver in (CONFIG_CPU_IDLE off)"
-    return None
-
-
-def _namespace_refusal():
-    if shutil.which("unshare") is None:
-        return "no unshare(1) here"
-    if os.geteuid() != 0:
-        return "a mount namespace and the real PM QoS files need root"
-    cpu = min(os.sched_getaffinity(0))
-    if not os.path.exists(REAL.format(cpu)):
-        return "this kernel exposes no pm_qos_resume_latency_us"
-    if _cpuidle_refusal():
-        return _cpuidle_refusal()
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
-    if probe.returncode != 0:
-        return f"unshare -m refused: {probe.stderr.decode()[:80]}"
-    if not os.access(REAL.format(cpu), os.W_OK):
-        return "the real PM QoS files are read-only here"
-    return None
-
 
 @pytest.mark.parametrize("phase", ["hold", "release"])
 def test_a_real_holder_killed_at_any_step_is_put_back(tmp_path, phase):
@@ -287,7 +251,7 @@ def test_a_real_holder_killed_at_any_step_is_put_back(tmp_path, phase):
     cpuidle names a driver (this machine may list none), writes the real
     pm_qos_resume_latency_us of this machine's CPUs, and is killed at each
     step; the settle outside puts back what the host had."""
-    why = _namespace_refusal()
+    why = namespace_refusal()
     if why:
         pytest.skip(why)
     cpus = sorted(os.sched_getaffinity(0))[:2]
@@ -333,8 +297,8 @@ def _dma_refusal():
         return "no unshare(1) here"
     if os.geteuid() != 0 or not os.access(DMA, os.W_OK):
         return f"{DMA} is not writable here (root, and a host that has it)"
-    if _cpuidle_refusal():
-        return _cpuidle_refusal()
+    if cpuidle_refusal():
+        return cpuidle_refusal()
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         return "unshare -m is refused here"
     return None

@@ -132,13 +132,13 @@ def sleeper_on(cpu):
         child.wait()
 
 
-def ready_child(code, lock_dir, *args):
+def ready_child(code, lock_dir, *args, env=None):
     """A Python child running ``code`` with ``CPUPIN_LOCK_DIR`` at
-    ``lock_dir``, text pipes on stdin and stdout, once it has printed
-    ``ready`` (its first line)."""
+    ``lock_dir`` (and ``env`` over the rest), text pipes on stdin and
+    stdout, once it has printed ``ready`` (its first line)."""
     child = subprocess.Popen(
         [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir)},
+        text=True, env={**os.environ, "CPUPIN_LOCK_DIR": str(lock_dir), **(env or {})},
     )  # fmt: skip
     first = child.stdout.readline()
     if first != "ready\n":

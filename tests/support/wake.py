@@ -1,7 +1,11 @@
-"""What this machine lets a wake-latency hold do, read from its own files (the oracle)."""
+"""What this machine lets a wake-latency hold do, read from its own files (the
+oracle); the fake sysfs trees the holds' tests write, and the mount
+namespace where the real files are held."""
 
 import errno
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 REAL = "/sys/devices/system/cpu/cpu{}/power/pm_qos_resume_latency_us"
@@ -37,4 +41,56 @@ def machine_refusal(sysfs=True):
         os.close(os.open(path, os.O_WRONLY))
     except OSError as exc:
         return "read-only" if exc.errno == errno.EROFS else os.strerror(exc.errno or 0)
+    return None
+
+
+def tree(root, values):
+    base = root / "sys/devices/system/cpu"
+    base.mkdir(parents=True)
+    (base / "online").write_text(f"0-{max(values)}\n")
+    (base / "cpuidle").mkdir()
+    (base / "cpuidle/current_driver").write_text("intel_idle\n")
+    for cpu, text in values.items():
+        (base / f"cpu{cpu}/power").mkdir(parents=True)
+        (base / f"cpu{cpu}/power/pm_qos_resume_latency_us").write_text(text + "\n")
+    return root
+
+
+def values(root, cpus):
+    rel = "sys/devices/system/cpu/cpu{}/power/pm_qos_resume_latency_us"
+    return {c: (root / rel.format(c)).read_text().strip() for c in cpus}
+
+
+#: A mount namespace where cpuidle names a driver, whatever this host lists
+#: (a driver, "none" as many VMs, or nothing at all under a tmpfs, as CI's
+#: no-idle pass shows it): a fresh tmpfs over the cpuidle folder, holding
+#: only that name. The PM QoS files and /dev/cpu_dma_latency stay the real ones.
+CPUIDLE = "/sys/devices/system/cpu/cpuidle"
+NAMESPACE = (
+    f"mount --make-rprivate / && mount -t tmpfs none {CPUIDLE} && "
+    f'echo intel_idle > {CPUIDLE}/current_driver && exec "$@"'
+)
+
+
+def cpuidle_refusal():
+    if not os.path.isdir(CPUIDLE):
+        return f"this kernel has no {CPUIDLE} folder to name a driver in (CONFIG_CPU_IDLE off)"
+    return None
+
+
+def namespace_refusal():
+    if shutil.which("unshare") is None:
+        return "no unshare(1) here"
+    if os.geteuid() != 0:
+        return "a mount namespace and the real PM QoS files need root"
+    cpu = min(os.sched_getaffinity(0))
+    if not os.path.exists(REAL.format(cpu)):
+        return "this kernel exposes no pm_qos_resume_latency_us"
+    if cpuidle_refusal():
+        return cpuidle_refusal()
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return f"unshare -m refused: {probe.stderr.decode()[:80]}"
+    if not os.access(REAL.format(cpu), os.W_OK):
+        return "the real PM QoS files are read-only here"
     return None
