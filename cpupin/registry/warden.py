@@ -38,7 +38,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
 
-__all__ = ["main", "release", "watch"]
+__all__ = ["main", "release", "run", "watch"]
 
 #: ``CPUPIN_WARDEN=0`` starts no warden.
 ENV = "CPUPIN_WARDEN"
@@ -125,7 +125,7 @@ if hasattr(os, "register_at_fork"):
 #: the end of the path, so that what the interpreter finds first stays first).
 _BOOT = (
     "import sys; sys.path.append(sys.argv[1]); "
-    "from cpupin.registry.warden import main; sys.exit(main(sys.argv[2:]))"
+    "from cpupin.registry.warden import run; run(sys.argv[2:])"
 )
 
 
@@ -190,5 +190,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run(argv: list[str]) -> None:
+    """:func:`main`, then out at once: an interpreter's teardown would keep
+    the holder's release waiting ten times longer than the warden's work."""
+    code = main(argv)
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run(sys.argv[1:])
