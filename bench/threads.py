@@ -7,7 +7,16 @@ process to CPU 0 first (as ``taskset -c 0`` would): on two CPUs a new thread
 that lands on the other CPU pays a cross-CPU wake and the figures turn
 bimodal.
 
-    python bench/threads.py [--rounds 21] [--cpu0]
+``--before-start`` measures instead what work in a new thread costs before
+it sets its start event (where ``cpupin.Thread`` names it): a plain
+``threading.Thread`` against the same with, first in its
+``_bootstrap_inner``, the kernel name (``prctl``, one call into C), a call
+into C that makes no system call, a system call that keeps the GIL
+(``threading.get_native_id``), an empty 25-step Python loop, or the name
+after the start event (in ``run``), with each case's context switches a
+start (``getrusage``).
+
+    python bench/threads.py [--rounds 21] [--cpu0] [--before-start]
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import argparse
 import os
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,9 +37,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--number", type=int, default=2000, help="calls per round")
     parser.add_argument("--cpu0", action="store_true", help="run the process on CPU 0 only")
+    parser.add_argument(
+        "--before-start", action="store_true", help="what work before the start event costs"
+    )
     args = parser.parse_args()
     if args.cpu0:
         os.sched_setaffinity(0, {0})  # before cpupin records the process mask
+    if args.before_start:
+        before_start(args.rounds, args.number)
+        return
 
     from _env import describe, fmt_ns, paired
 
@@ -88,6 +104,78 @@ def main() -> None:
     ):
         print(f"| `{theirs}` | {fmt_ns(times[theirs])} | |")
         print(f"| `{mine}` | {fmt_ns(times[mine])} | {times[mine] / times[theirs]:.3f}x |")
+
+
+def before_start(rounds: int, number: int) -> None:
+    import resource
+    import statistics
+    import time
+
+    from _env import describe
+
+    from cpupin import _native
+
+    print(describe())
+    print(f"process mask {sorted(os.sched_getaffinity(0))}")
+    print()
+    state = _native.step_marker(4)[2]
+    own, name = _native.lib.cpupin_step_own, _native.set_thread_name_bytes
+    boot, run = threading.Thread._bootstrap_inner, threading.Thread.run
+
+    def loop() -> None:
+        for _ in range(25):
+            pass
+
+    def first(work: Callable[[], object]) -> type:
+        class First(threading.Thread):
+            def _bootstrap_inner(self) -> None:
+                work()
+                boot(self)
+
+        return First
+
+    class NamedInRun(threading.Thread):
+        def run(self) -> None:
+            name(b"named-in-run")
+            run(self)
+
+    cases: dict[str, type] = {
+        "threading.Thread": threading.Thread,
+        "the kernel name first": first(lambda: name(b"named-first")),
+        "a call into C, no system call, first": first(lambda: own(state)),
+        "get_native_id() first (a system call, GIL kept)": first(threading.get_native_id),
+        "an empty 25-step loop first": first(loop),
+        "the kernel name in run(), after the start event": NamedInRun,
+    }
+    took: dict[str, list[float]] = {k: [] for k in cases}
+    switches: dict[str, list[float]] = {k: [] for k in cases}
+    for cls in cases.values():
+        for _ in range(number // 10):
+            t = cls(target=int)
+            t.start()
+            t.join()
+    for _ in range(rounds):
+        for key, cls in cases.items():
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            start = time.perf_counter_ns()
+            for _ in range(number):
+                t = cls(target=int)
+                t.start()
+                t.join()
+            ns = (time.perf_counter_ns() - start) / number
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            took[key].append(ns)
+            moved = after.ru_nvcsw - before.ru_nvcsw + after.ru_nivcsw - before.ru_nivcsw
+            switches[key].append(moved / number)
+    plain = statistics.median(took["threading.Thread"])
+    print("| new thread's first work | start+join | ratio | context switches a start |")
+    print("|---|---|---|---|")
+    for key in cases:
+        ns = statistics.median(took[key])
+        print(
+            f"| {key} | {ns / 1e3:.2f} µs | {ns / plain:.3f}x | "
+            f"{statistics.median(switches[key]):.2f} |"
+        )
 
 
 if __name__ == "__main__":
