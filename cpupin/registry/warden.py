@@ -70,8 +70,9 @@ def watch(root: str, directory: str | None = None) -> int | None:
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         read_end, write_end = os.pipe()  # neither inherited by what this process execs
         try:
+            argv = [package, str(os.getpid()), str(start), root, where]
             proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, package, str(os.getpid()), str(start), root, where],
+                [sys.executable, "-I", "-c", _BOOT, *argv],
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 start_new_session=True,
@@ -121,8 +122,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-#: The warden's first lines: cpupin from where the holder imported it (at
-#: the end of the path, so that what the interpreter finds first stays first).
+#: The warden's first lines, run isolated (``-I``: never a module from the
+#: working directory or ``PYTHONPATH``, which the root that holds may not
+#: own): cpupin from where the holder imported it, at the end of the path.
 _BOOT = (
     "import sys; sys.path.append(sys.argv[1]); "
     "from cpupin.registry.warden import run; run(sys.argv[2:])"
@@ -185,17 +187,19 @@ def main(argv: list[str]) -> int:
         lines = settle_root(root, where)
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
         lines = [f"the wake journal of {root} was not settled: {exc!r}"]
-    for line in lines:
-        print(f"cpupin warden: {line}", file=sys.stderr)
+    try:
+        for line in lines:
+            print(f"cpupin warden: {line}", file=sys.stderr)
+        sys.stderr.flush()
+    except (OSError, ValueError):  # the holder's stderr went with it: the settle stands
+        pass
     return 0
 
 
 def run(argv: list[str]) -> None:
     """:func:`main`, then out at once: an interpreter's teardown would keep
     the holder's release waiting ten times longer than the warden's work."""
-    code = main(argv)
-    sys.stderr.flush()
-    os._exit(code)
+    os._exit(main(argv))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,16 @@ def shown(locks, pid):
     return record
 
 
+def watching(pid):
+    """Whether warden ``pid`` waits on its holder's pidfd (up and past its
+    start: a signal in the interpreter's own start is the interpreter's)."""
+    try:
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    return any("pidfd" in link for link in links)
+
+
 def parent_of(pid):
     text = Path(f"/proc/{pid}/stat").read_bytes()
     return int(text[text.rfind(b")") + 2 :].split()[1])
@@ -242,6 +252,7 @@ def test_a_warden_killed_itself_leaves_the_lazy_settle(tmp_path, sig):
     proc, guard = holder(root, locks, "1")
     try:
         guard_start = start_time(guard)
+        until(lambda: watching(guard), "the warden up")
         os.kill(guard, sig)
         until(lambda: exited(guard, guard_start), "the warden ended")
         assert values(root, [1]) == {1: "n/a"}  # its holder lives: held still
