@@ -29,34 +29,13 @@ from tests.support.wake import (
     tree,
     values,
 )
+from tests.support.wake import (
+    STEPPED_HOLDER as CHILD,
+)
 
 # The host's own PM QoS and interrupts: with pytest-xdist, these tests run
 # one at a time on one worker, never beside another that reads or sets them.
 pytestmark = pytest.mark.xdist_group("host")
-
-CHILD = """
-import os, signal, sys
-import cpupin
-from cpupin.registry import holds
-
-root, cpus, max_us, phase, kill_at = sys.argv[1:6]
-steps = []
-active = phase == "hold"
-def checkpoint(what):
-    steps.append(what)
-    if active and len(steps) == int(kill_at):
-        os.kill(os.getpid(), signal.SIGKILL)
-holds.checkpoint = checkpoint
-hold = cpupin.hold_wake_latency({int(c) for c in cpus.split(",")}, int(max_us), root=root)
-if phase == "release":
-    steps.clear()
-    active = True
-    hold.release()
-elif phase == "wait":
-    print("ready", flush=True)
-    sys.stdin.readline()
-print(len(steps), flush=True)
-"""
 
 
 #: The holders these tests kill: no warden (tests/act/test_warden.py has

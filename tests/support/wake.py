@@ -94,3 +94,32 @@ def namespace_refusal():
     if not os.access(REAL.format(cpu), os.W_OK):
         return "the real PM QoS files are read-only here"
     return None
+
+
+#: A holder of fake-tree CPUs that SIGKILLs itself at step ``kill_at`` (1
+#: and on) of its hold or its release (``holds.checkpoint``), or prints the
+#: number of steps it went through: ``ROOT CPUS MAX_US PHASE KILL_AT``, with
+#: PHASE ``hold``, ``release`` or ``wait`` (says ``ready``, waits for a line).
+STEPPED_HOLDER = """
+import os, signal, sys
+import cpupin
+from cpupin.registry import holds
+
+root, cpus, max_us, phase, kill_at = sys.argv[1:6]
+steps = []
+active = phase == "hold"
+def checkpoint(what):
+    steps.append(what)
+    if active and len(steps) == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)
+holds.checkpoint = checkpoint
+hold = cpupin.hold_wake_latency({int(c) for c in cpus.split(",")}, int(max_us), root=root)
+if phase == "release":
+    steps.clear()
+    active = True
+    hold.release()
+elif phase == "wait":
+    print("ready", flush=True)
+    sys.stdin.readline()
+print(len(steps), flush=True)
+"""
