@@ -50,6 +50,10 @@ from cpupin.host._pmqos import (
 from cpupin.host._proc import own_start
 from cpupin.host._sysfs import Reader
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cpupin.registry.holds import Holder
+
 __all__ = [
     "DMA_LATENCY",
     "MAX_US",
@@ -251,7 +255,6 @@ def hold_wake_latency(
             hold = _hold_dma(wanted, max_us)
         else:
             hold = _hold_sysfs(r, root, wanted, max_us)
-            hold.warden = _watch(root)
     with _lock:
         global _atexit
         _held.append(hold)
@@ -320,13 +323,32 @@ def _hold_sysfs(r: Reader, root: str, cpus: frozenset[int], max_us: int) -> Wake
     (:mod:`cpupin.registry.holds`): journaled under the journal's lock
     before any write, all or nothing."""
     from cpupin.registry import holds as shared
-    from cpupin.registry.journal import locked
+    from cpupin.registry import warden
 
     global _count
     with _lock:
         _count += 1
         me = shared.Holder(os.getpid(), own_start(), _count, max_us, round(time.time(), 3))
     _check_writable(root, cpus)
+    # The warden first (started with this process's first hold on root): a
+    # holder killed at any step of the hold from here on is put back as it dies.
+    guard = warden.watch(root)
+    try:
+        hold = _journaled_hold(r, root, cpus, max_us, me)
+    except BaseException:
+        if guard is not None:
+            warden.release(guard)  # one hold fewer for it; after its last, it exits
+        raise
+    hold.warden = guard
+    return hold
+
+
+def _journaled_hold(
+    r: Reader, root: str, cpus: frozenset[int], max_us: int, me: Holder
+) -> WakeHold:
+    from cpupin.registry import holds as shared
+    from cpupin.registry.journal import locked
+
     try:
         with locked("wake", root) as journal:
             try:
@@ -375,15 +397,6 @@ def _publish() -> None:
     registry.describe_process(wake_holds=[h.as_record() for h in holds()])
 
 
-def _watch(root: str) -> int | None:
-    """The warden of this process's sysfs holds on ``root`` (started with
-    the first): it puts them back if this process dies holding them."""
-    from cpupin.registry import warden
-
-    with _lock:
-        return warden.watch(root)
-
-
 def _let_go(hold: WakeHold) -> list[str]:
     """A sysfs hold's share given up, from the journal: each CPU gets the
     bound of the holders still living, or its original value."""
@@ -398,11 +411,10 @@ def _let_go(hold: WakeHold) -> list[str]:
             f"CPUs {format_cpulist(hold.cpus)}: {exc.strerror or exc}: left in the wake journal; "
             "cpupin ps --prune puts them back"
         ]
-    others = (h for h in _held if h is not hold)
-    if hold.warden is not None and all(h.warden != hold.warden for h in others):
+    if hold.warden is not None:
         from cpupin.registry import warden
 
-        warden.release(hold.warden)  # this process holds nothing more where it watches
+        warden.release(hold.warden)
     return notes
 
 

@@ -36,7 +36,7 @@ import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import subprocess
+    from typing import Any
 
 __all__ = ["main", "release", "run", "watch"]
 
@@ -44,14 +44,20 @@ __all__ = ["main", "release", "run", "watch"]
 ENV = "CPUPIN_WARDEN"
 
 _lock = threading.Lock()
-#: (root, lock directory) -> the warden and the write end of its pipe.
-_wardens: dict[tuple[str, str], tuple[subprocess.Popen[bytes], int]] = {}
+#: (root, lock directory) -> the warden, the write end of its pipe, and how
+#: many holds it watches (it exits when the last is released).
+_wardens: dict[tuple[str, str], list[Any]] = {}
+#: Every warden pid this process started -> its (root, lock directory): a
+#: hold names the warden it was given, which may since have been replaced.
+_keys: dict[int, tuple[str, str]] = {}
 
 
 def watch(root: str, directory: str | None = None) -> int | None:
     """This process's warden for the wake journal of ``root`` (started
-    unless one runs): its pid, or ``None`` when ``CPUPIN_WARDEN=0`` or it
-    could not start (the journal's lazy settling then stands alone)."""
+    unless one runs), counting one more hold it watches: its pid, or
+    ``None`` when ``CPUPIN_WARDEN=0`` or it could not start (the journal's
+    lazy settling then stands alone). Each pid returned is given back with
+    :func:`release` once."""
     import subprocess
 
     from cpupin.host._proc import own_start
@@ -63,7 +69,8 @@ def watch(root: str, directory: str | None = None) -> int | None:
     with _lock:
         known = _wardens.get((root, where))
         if known is not None and known[0].poll() is None:
-            return known[0].pid
+            known[2] += 1
+            return int(known[0].pid)
         start = own_start()
         if not start:
             return None  # no /proc to tell this process from a later one
@@ -82,21 +89,29 @@ def watch(root: str, directory: str | None = None) -> int | None:
             return None
         finally:
             os.close(read_end)
-        if known is not None:
+        if known is not None:  # it died: its holds pass to this one
             os.close(known[1])
-        _wardens[(root, where)] = (proc, write_end)
+        _wardens[(root, where)] = [proc, write_end, 1 + (known[2] if known else 0)]
+        _keys[proc.pid] = (root, where)
         return proc.pid
 
 
 def release(pid: int) -> None:
-    """This process holds nothing more where its warden ``pid`` watches:
-    the warden exits (waited for, so that it leaves no zombie behind)."""
+    """One hold that warden ``pid`` (or the one that replaced it) watches
+    was released, or never made; after the last, the warden exits (waited
+    for, so that it leaves no zombie behind)."""
     with _lock:
-        key = next((k for k, (proc, _) in _wardens.items() if proc.pid == pid), None)
-        known = None if key is None else _wardens.pop(key)
-    if known is None:
-        return
-    proc, write_end = known
+        key = _keys.get(pid)
+        known = None if key is None else _wardens.get(key)
+        if key is None or known is None:
+            return
+        known[2] -= 1
+        if known[2] > 0:
+            return
+        del _wardens[key]
+        for gone in [p for p, k in _keys.items() if k == key]:
+            del _keys[gone]
+    proc, write_end, _ = known
     os.close(write_end)
     try:
         proc.wait(timeout=10)
@@ -110,12 +125,13 @@ def _after_fork_in_child() -> None:
     # child lives) and starts its own with its first hold.
     global _lock
     _lock = threading.Lock()
-    for _proc, write_end in _wardens.values():
+    for _proc, write_end, _ in _wardens.values():
         try:
             os.close(write_end)
         except OSError:
             pass
     _wardens.clear()
+    _keys.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -22,7 +22,14 @@ from cpupin.registry import warden
 from cpupin.registry.holds import entries, settle_all
 from cpupin.registry.journal import read_journal
 from tests.support.helpers import run
-from tests.support.wake import NAMESPACE, REAL, namespace_refusal, tree, values
+from tests.support.wake import (
+    NAMESPACE,
+    REAL,
+    STEPPED_HOLDER,
+    namespace_refusal,
+    tree,
+    values,
+)
 
 pytestmark = pytest.mark.xdist_group("host")
 
@@ -113,6 +120,39 @@ def test_a_killed_holder_is_put_back_by_its_warden_alone(tmp_path, sig):
         proc.kill()
     assert f"cpupin warden: pid {proc.pid}: wake latency of CPU 1 put back to 7" in said, said
     assert f"pid {proc.pid}: wake latency of CPU 2 put back to n/a" in said, said
+
+
+@pytest.mark.parametrize("phase", ["hold", "release"])
+def test_a_holder_killed_at_any_step_is_put_back_by_its_warden(tmp_path, phase):
+    """The warden starts before the hold's first journal write: SIGKILL at
+    each step of the hold or of its release, and the warden alone puts the
+    host's values back and empties the journal."""
+    original = {0: "0", 1: "7", 2: "n/a", 3: "250"}
+
+    def go(locks, root, kill_at):
+        env = {**os.environ, "CPUPIN_LOCK_DIR": str(locks)}
+        # Its warden has the same stderr: run() returns once both are gone.
+        return subprocess.run(
+            [sys.executable, "-c", STEPPED_HOLDER, str(root), "1,2,3", "0", phase, str(kill_at)],
+            env=env, capture_output=True, text=True, timeout=PATIENCE_S,
+        )  # fmt: skip
+
+    steps = None
+    at = 0
+    while steps is None or at < steps:
+        at += 0 if steps is None else 1
+        root = tree(tmp_path / f"root{at}", original)
+        locks = tmp_path / f"locks{at}"
+        locks.mkdir()
+        out = go(locks, root, at)
+        if steps is None:  # the run that counts the steps, killed at none
+            assert out.returncode == 0, out.stderr
+            steps = int(out.stdout.split()[-1])
+            assert steps >= 2, steps  # the journal, then each CPU not yet at the bound
+            continue
+        assert out.returncode == -signal.SIGKILL, (at, out.stderr)
+        until(lambda root=root: values(root, original) == original, f"step {at} put back")
+        assert entries(read_journal("wake", str(root), str(locks))[0]) == {}, at
 
 
 def test_ps_shows_a_holds_warden_while_it_holds(tmp_path):
