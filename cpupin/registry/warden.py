@@ -12,9 +12,10 @@ waits, writing nothing, for one of two things:
 - the holder ends, however it ends (``SIGKILL``, the OOM killer, a crash):
   a pidfd says so exactly, opened and checked against the holder's start
   time, so a later process under the same pid is never taken for it;
-- the holder gives up its last hold on that root: it closes the pipe
-  whose read end is the warden's stdin (that pipe also closes when the
-  holder ends, which stands in for the pidfd on a kernel without them).
+- the holder gives up its last hold on that root: it says so on the pipe
+  whose read end is the warden's stdin, and closes it. A pipe closed
+  unsaid is a holder dying (its files close a moment before it has ended:
+  the warden then waits for that end) or one that exec'd and lives on.
 
 When the holder has ended, the warden settles that root's wake journal
 under its lock (what ``cpupin ps --prune`` does for it), says what it put
@@ -33,6 +34,7 @@ import select
 import signal
 import sys
 import threading
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -112,6 +114,10 @@ def release(pid: int) -> None:
         for gone in [p for p, k in _keys.items() if k == key]:
             del _keys[gone]
     proc, write_end, _ = known
+    try:
+        os.write(write_end, b"released\n")  # a dying holder's pipe closes too, but says nothing
+    except OSError:
+        pass
     os.close(write_end)
     try:
         proc.wait(timeout=10)
@@ -148,7 +154,8 @@ _BOOT = (
 
 
 def _wait(pid: int, start: int) -> bool:
-    """Wait until the holder ends (True) or closes the pipe (False)."""
+    """Wait until the holder ends (True) or says on the pipe that it let
+    go (False)."""
     from cpupin.host._proc import exited
 
     try:
@@ -164,12 +171,25 @@ def _wait(pid: int, start: int) -> bool:
         poller.register(0, select.POLLIN)
         if pidfd >= 0:
             poller.register(pidfd, select.POLLIN)
+        released = False
         while True:
             for fd, _events in poller.poll():
                 if fd == pidfd:
                     return True
-                if not os.read(0, 256):  # the holder closed its end, or ended
-                    return exited(pid, start)
+                if os.read(0, 256):
+                    released = True  # what release() writes before it closes the pipe
+                    continue
+                if released:
+                    return False
+                # Closed unsaid: the holder is dying (its files close before it
+                # ends, and until it has ended the journal counts it alive) or
+                # exec'd (it lives on): wait for its end.
+                if pidfd >= 0:
+                    poller.unregister(0)
+                    break
+                while not exited(pid, start):
+                    time.sleep(0.1)
+                return True
     finally:
         if pidfd >= 0:
             os.close(pidfd)
@@ -189,9 +209,10 @@ def main(argv: list[str]) -> int:
     # SIGTERM (a unit or a container stopping) ends the wait as the
     # holder's end would: the settle puts back only what the dead held.
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)  # even where it came ignored (a background job)
     try:
         ended = _wait(pid, start)
-    except (SystemExit, KeyboardInterrupt):  # SIGTERM, SIGINT
+    except SystemExit:  # SIGTERM, SIGINT
         ended = True
     if not ended:
         return 0

@@ -151,7 +151,10 @@ def test_a_holder_killed_at_any_step_is_put_back_by_its_warden(tmp_path, phase):
             assert steps >= 2, steps  # the journal, then each CPU not yet at the bound
             continue
         assert out.returncode == -signal.SIGKILL, (at, out.stderr)
-        until(lambda root=root: values(root, original) == original, f"step {at} put back")
+        until(
+            lambda root=root: values(root, original) == original,
+            f"step {at} of the {phase} put back (said: {out.stderr[-600:]!r})",
+        )
         assert entries(read_journal("wake", str(root), str(locks))[0]) == {}, at
 
 
@@ -247,7 +250,7 @@ def warden_of(pid, start, root, locks):
 def test_a_later_process_under_the_holders_pid_is_never_taken_for_it(tmp_path):
     """The pid alone names whoever has it now: with another start time, the
     holder is gone, and the warden settles at once; with this process's own,
-    it waits, and a closed pipe (the holder let go) ends it settling nothing."""
+    it waits, and the holder's word that it let go ends it settling nothing."""
     original = {0: "0", 1: "7"}
     root = tree(tmp_path / "root", original)
     locks = tmp_path / "locks"
@@ -271,6 +274,7 @@ def test_a_later_process_under_the_holders_pid_is_never_taken_for_it(tmp_path):
     ready = select.poll()
     ready.register(proc.stderr, select.POLLIN)
     assert ready.poll(300) == [] and proc.poll() is None  # this process lives: it waits
+    os.write(write_end, b"released\n")  # as release() says it
     os.close(write_end)
     assert proc.wait(timeout=PATIENCE_S) == 0
     assert proc.stderr.read() == ""
