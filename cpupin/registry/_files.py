@@ -11,10 +11,11 @@ import errno
 import os
 import re
 import stat
+import time
 
 from cpupin._native import PID_LIMIT
 from cpupin.host._proc import euid_of, start_time
-from cpupin.registry._record import MAX_SIZE, PROC_LOCKS, decode
+from cpupin.registry._record import MAX_SIZE, PROC_LOCKS, Unframed, decode
 
 
 def flock_holders(inodes: set[tuple[int, int, int]]) -> dict[tuple[int, int, int], int] | None:
@@ -94,18 +95,36 @@ def open_owned(
     return fd, info
 
 
-#: Reads of a record that races its writer before it is refused as torn.
-READS = 10
+#: How long the bytes of a record that does not decode must stand still
+#: before it is refused as torn or damaged. A writer preempted in the middle
+#: of its store (a memcpy into the mapping, or a pwrite) leaves the same torn
+#: bytes for as long as it waits for a CPU, which on a loaded host is
+#: milliseconds: two equal reads a microsecond apart prove nothing.
+STILL_S = 0.1
+
+#: At most this many reads of one file, however often its bytes change (a
+#: file rewritten with garbage in a loop is refused, not read forever).
+READS = 200
+
+#: The first pause between two equal torn reads, doubled up to :data:`PAUSE_MAX_S`.
+PAUSE_S = 5e-5
+PAUSE_MAX_S = 0.01
 
 
 def decode_file(fd: int) -> dict[str, object] | None:
     """The record in the file open at ``fd`` (closed after); ``None`` when it
-    holds none yet. A read that races a writer's pwrite mixes two records at
+    holds none yet. A read that races a writer's store mixes two records at
     any byte: a bad checksum, or a last line that is no checksum at all. So a
-    file that does not decode is read again, up to :data:`READS` times, and
-    refused only when two reads in a row find the same bytes (nobody is
-    writing it) or the reads run out."""
+    file that is no whole framed record (:class:`Unframed`) is read again:
+    at once while its bytes change (the writer is at work), after a pause
+    that doubles while they stand still (a writer preempted mid-store needs
+    the CPU the pause gives it). It is refused when they have stood still
+    for :data:`STILL_S` seconds or after :data:`READS` reads: a damaged file
+    costs a reader that long, once. Whole bytes (their checksum matches)
+    whose content is refused are refused at once."""
     previous = None
+    since = 0.0
+    pause = PAUSE_S
     try:
         for attempt in range(READS):
             raw = os.pread(fd, MAX_SIZE, 0)
@@ -113,10 +132,17 @@ def decode_file(fd: int) -> dict[str, object] | None:
                 return None
             try:
                 return decode(raw)
-            except ValueError:
-                if attempt == READS - 1 or raw == previous:
+            except Unframed:
+                if attempt == READS - 1:
                     raise
-                previous = raw
+                now = time.monotonic()
+                if raw != previous:
+                    previous, since, pause = raw, now, PAUSE_S
+                    continue
+                if now - since >= STILL_S:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, PAUSE_MAX_S)
     finally:
         os.close(fd)
     raise AssertionError("not reached")

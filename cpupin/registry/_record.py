@@ -158,19 +158,26 @@ def _small_int(text: str) -> int:
     return int(text)
 
 
+class Unframed(ValueError):
+    """Bytes that are no whole framed record or slot: torn by a write that
+    raced the read, or never one. A reader reads such a file again; bytes
+    whose checksum matches but whose content is refused are whole, and are
+    refused at once."""
+
+
 def _unframe(chunk: bytes) -> bytes:
     """The JSON of a framed record or slot (its first line), checked against
-    the CRC-32 on the line after it; :class:`ValueError` otherwise."""
+    the CRC-32 on the line after it; :class:`Unframed` otherwise."""
     body, _, rest = chunk.partition(b"\n")
     check = rest[:15]
     if not check.startswith(b"crc32=") or not body.strip(b" \0"):
-        raise ValueError("no record (an empty or foreign file)")
+        raise Unframed("no record (an empty or foreign file)")
     try:
         crc = int(check[6:14], 16)
     except ValueError:
-        raise ValueError("a bad checksum line") from None
+        raise Unframed("a bad checksum line") from None
     if zlib.crc32(body) != crc:
-        raise ValueError("the checksum does not match (torn or edited)")
+        raise Unframed("the checksum does not match (torn or edited)")
     return body
 
 
@@ -213,10 +220,13 @@ def _read_slots(raw: bytes, record: dict[str, object]) -> None:
         or not 0 < layout[0] <= MAX_SIZE
         or not 64 <= layout[1] <= SLOT
         or not 0 <= layout[2] <= MAX_SIZE // 64
-        or layout[0] + layout[1] * layout[2] > min(len(raw), MAX_SIZE)
+        or layout[0] + layout[1] * layout[2] > MAX_SIZE
     ):
         raise ValueError("slots is not an offset, a size and a count within the file")
     offset, size, count = layout
+    if offset + size * count > len(raw):
+        # a head read whole, a file not yet grown to it: a racing write, or no record
+        raise Unframed("slots run past the end of the file")
     pins = record.get("pins")
     if not isinstance(pins, list):
         raise ValueError("pins is not a list")

@@ -497,7 +497,64 @@ def test_a_read_torn_inside_the_checksum_line_is_read_again(monkeypatch):
     monkeypatch.setattr(_files.os, "close", lambda fd: None)
     assert _files.decode_file(-1)["pid"] == 1 and len(calls) == 2
     calls.clear()
+    clock = FakeClock()
+    monkeypatch.setattr(_files, "time", clock)
     monkeypatch.setattr(_files.os, "pread", lambda fd, size, offset: calls.append(fd) or b"junk\n")
     with pytest.raises(ValueError, match="no record"):
         _files.decode_file(-1)
-    assert len(calls) == 2  # the same bytes twice: nobody is writing it
+    # the same bytes, read again after pauses, until they stood still long enough
+    assert clock.now >= _files.STILL_S and 2 < len(calls) < 20
+
+
+class FakeClock:
+    """``time`` for :func:`decode_file`: a sleep moves the clock, no more."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps = []
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_a_writer_preempted_mid_store_is_waited_for(monkeypatch):
+    """A writer preempted in the middle of its store leaves the same torn
+    bytes for as long as it waits for a CPU: two equal reads in a row once
+    made the reader refuse the record ('an empty or foreign file'), a flake
+    under load. Equal torn reads now pause, longer each time, and the record
+    is read whole when the writer ends its store."""
+    from cpupin.registry import _files
+    from cpupin.registry._record import VERSION, frame
+
+    good = frame(json.dumps({"version": VERSION, "pid": 1}).encode(), 4096)
+    torn = b'{"version": 9' + good[13:]  # a new head, its store not ended
+    stalled = 8
+    reads = iter([torn] * stalled + [good])
+    clock = FakeClock()
+    monkeypatch.setattr(_files, "time", clock)
+    monkeypatch.setattr(_files.os, "pread", lambda fd, size, offset: next(reads))
+    monkeypatch.setattr(_files.os, "close", lambda fd: None)
+    assert _files.decode_file(-1)["pid"] == 1
+    # no pause after the first torn read, then one after each equal one, doubling
+    assert len(clock.sleeps) == stalled - 1
+    assert clock.sleeps == sorted(clock.sleeps) and clock.sleeps[0] < clock.sleeps[-1]
+    assert clock.now < _files.STILL_S
+
+
+def test_a_file_whose_bytes_never_settle_is_refused(monkeypatch):
+    """A file rewritten with garbage in a loop changes at every read: it is
+    refused after READS reads, never read forever, and never paused on."""
+    from cpupin.registry import _files
+
+    count = iter(range(10**6))
+    clock = FakeClock()
+    monkeypatch.setattr(_files, "time", clock)
+    monkeypatch.setattr(_files.os, "pread", lambda fd, size, offset: b"junk %d\n" % next(count))
+    monkeypatch.setattr(_files.os, "close", lambda fd: None)
+    with pytest.raises(ValueError):
+        _files.decode_file(-1)
+    assert next(count) == _files.READS and not clock.sleeps
