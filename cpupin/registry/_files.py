@@ -106,12 +106,29 @@ STILL_S = 0.1
 #: file rewritten with garbage in a loop is refused, not read forever).
 READS = 200
 
+#: How long one reading of the lock directory may wait for torn records in
+#: all: past it, a torn file is refused on the second equal read. A user who
+#: plants damaged records for many live processes of their own slows a
+#: reading by this much, not by :data:`STILL_S` a file.
+PATIENCE_S = 1.0
+
+
+class Patience:
+    """What is left of one reading's :data:`PATIENCE_S`, shared by the
+    files it decodes."""
+
+    __slots__ = ("until",)
+
+    def __init__(self, seconds: float = PATIENCE_S) -> None:
+        self.until = time.monotonic() + seconds
+
+
 #: The first pause between two equal torn reads, doubled up to :data:`PAUSE_MAX_S`.
 PAUSE_S = 5e-5
 PAUSE_MAX_S = 0.01
 
 
-def decode_file(fd: int) -> dict[str, object] | None:
+def decode_file(fd: int, patience: Patience | None = None) -> dict[str, object] | None:
     """The record in the file open at ``fd`` (closed after); ``None`` when it
     holds none yet. A read that races a writer's store mixes two records at
     any byte: a bad checksum, or a last line that is no checksum at all. So a
@@ -139,7 +156,7 @@ def decode_file(fd: int) -> dict[str, object] | None:
                 if raw != previous:
                     previous, since, pause = raw, now, PAUSE_S
                     continue
-                if now - since >= STILL_S:
+                if now - since >= STILL_S or (patience is not None and now >= patience.until):
                     raise
                 time.sleep(pause)
                 pause = min(pause * 2, PAUSE_MAX_S)

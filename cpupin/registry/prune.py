@@ -10,7 +10,13 @@ import stat
 import time
 
 from cpupin.host._proc import exited
-from cpupin.registry._files import PROC_NAME, decode_file, gone_because, open_record
+from cpupin.registry._files import (
+    PROC_NAME,
+    Patience,
+    decode_file,
+    gone_because,
+    open_record,
+)
 from cpupin.registry._record import MAX_RECORDS, lock_dir, open_lock_dir
 
 __all__ = ["prune", "prune_members"]
@@ -71,6 +77,7 @@ def prune_members(
 def _members(dir_fd: int, server: tuple[int, int]) -> list[tuple[str, int, int]]:
     """The records this user owns that name ``server``: (name, pid, start)."""
     out = []
+    patience = Patience()
     for count, name in enumerate(os.listdir(dir_fd)):
         if count >= MAX_RECORDS:
             break
@@ -83,7 +90,7 @@ def _members(dir_fd: int, server: tuple[int, int]) -> list[tuple[str, int, int]]
             if info.st_uid != os.geteuid():
                 os.close(fd)
                 continue
-            record = decode_file(fd)
+            record = decode_file(fd, patience)
         except (OSError, ValueError):
             continue
         if record is not None and record.get("server") == list(server):

@@ -378,14 +378,14 @@ def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> 
     # What is worth opening, each with its reader: held lock files, then the
     # records of live processes. The rest is stale, judged without a read.
     reads: list[tuple[str, Callable[[], Record | None]]] = []
+    patience = files.Patience()  # for torn records, shared by every file read
     for name, info in sorted(gpus):
         path = os.path.join(where, name)
         key = (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino)
         holder = None if holders is None else holders.get(key)
         if holder is not None:
-            reads.append(
-                (path, functools.partial(_read_server, dir_fd, name, path, holder, info, host))
-            )
+            read = functools.partial(_read_server, dir_fd, name, path, holder, info, host, patience)
+            reads.append((path, read))
         elif info.st_size and stat.S_ISREG(info.st_mode):
             why = "nobody holds its lock" if holders is not None else "/proc/locks unreadable"
             registry._stale(Record("server", path, 0, 0, info.st_uid, why))
@@ -394,9 +394,10 @@ def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> 
         path = os.path.join(where, name)
         why = files.gone_because(pid, started)
         if not why:
-            reads.append(
-                (path, functools.partial(_read_live, dir_fd, name, path, pid, started, host, seen))
+            live = functools.partial(
+                _read_live, dir_fd, name, path, pid, started, host, seen, patience
             )
+            reads.append((path, live))
             continue
         try:
             owner = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid
@@ -417,21 +418,33 @@ def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> 
 
 
 def _read_server(
-    dir_fd: int, name: str, path: str, holder: int, info: os.stat_result, host: frozenset[int]
+    dir_fd: int,
+    name: str,
+    path: str,
+    holder: int,
+    info: os.stat_result,
+    host: frozenset[int],
+    patience: files.Patience,
 ) -> Record | None:
     """A held lock file's record; ``None`` when its holder wrote none (yet)."""
     fd, now = files.open_owned(dir_fd, name, holder, info)
-    record = files.decode_file(fd)
+    record = files.decode_file(fd, patience)
     return None if record is None else _server(path, record, now, holder, host)
 
 
 def _read_process(
-    dir_fd: int, name: str, path: str, pid: int, started: int, host: frozenset[int]
+    dir_fd: int,
+    name: str,
+    path: str,
+    pid: int,
+    started: int,
+    host: frozenset[int],
+    patience: files.Patience | None = None,
 ) -> Record:
     """A process record, read only when its owner is the uid ``pid`` runs as,
     and counted only when it names that process."""
     fd, info = files.open_owned(dir_fd, name, pid)
-    record = files.decode_file(fd)
+    record = files.decode_file(fd, patience)
     if record is None:
         raise ValueError("no record (an empty file)")
     return _process(path, record, info, (pid, started), host)
@@ -445,11 +458,12 @@ def _read_live(
     started: int,
     host: frozenset[int],
     seen: set[tuple[int, int]],
+    patience: files.Patience,
 ) -> Record:
     """:func:`_read_process` for a live process, once per process."""
     if (pid, started) in seen:
         raise ValueError(f"a second record of pid {pid}")
-    record = _read_process(dir_fd, name, path, pid, started, host)
+    record = _read_process(dir_fd, name, path, pid, started, host, patience)
     seen.add((pid, started))
     return record
 

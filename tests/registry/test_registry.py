@@ -558,3 +558,29 @@ def test_a_file_whose_bytes_never_settle_is_refused(monkeypatch):
     with pytest.raises(ValueError):
         _files.decode_file(-1)
     assert next(count) == _files.READS and not clock.sleeps
+
+
+def test_a_reading_waits_for_torn_records_a_bounded_time_in_all(tmp_path, monkeypatch):
+    """A user who plants damaged records for many live processes of their
+    own makes each wait for its bytes to settle: one reading waits
+    PATIENCE_S in all, not STILL_S a file, and still refuses every one."""
+    from cpupin.host._proc import start_time
+    from cpupin.registry import _files
+
+    count = int(_files.PATIENCE_S / _files.STILL_S) + 5
+    clock = FakeClock()
+    monkeypatch.setattr(_files, "time", clock)
+    children = [subprocess.Popen(["sleep", "600"]) for _ in range(count)]
+    try:
+        for child in children:
+            started = start_time(child.pid)
+            (tmp_path / f"cpupin-proc-{child.pid}-{started}.json").write_bytes(b"junk\n")
+        found = read_registry(tmp_path)
+        assert len(found.ignored) == count and not found.records
+        assert all("no record" in why for _, why in found.ignored), found.ignored
+        # without the shared bound: count * STILL_S, half again as long
+        assert _files.PATIENCE_S <= clock.now < _files.PATIENCE_S + _files.STILL_S
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
