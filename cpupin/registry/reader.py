@@ -395,7 +395,7 @@ def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> 
         why = files.gone_because(pid, started)
         if not why:
             live = functools.partial(
-                _read_live, dir_fd, name, path, pid, started, host, seen, patience
+                _read_process, dir_fd, name, path, pid, started, host, patience, seen
             )
             reads.append((path, live))
             continue
@@ -440,32 +440,21 @@ def _read_process(
     started: int,
     host: frozenset[int],
     patience: files.Patience | None = None,
+    seen: set[tuple[int, int]] | None = None,
 ) -> Record:
     """A process record, read only when its owner is the uid ``pid`` runs as,
-    and counted only when it names that process."""
+    and counted only when it names that process; with ``seen`` (the
+    processes whose record a reading has counted), once per process."""
+    if seen is not None and (pid, started) in seen:
+        raise ValueError(f"a second record of pid {pid}")
     fd, info = files.open_owned(dir_fd, name, pid)
     record = files.decode_file(fd, patience)
     if record is None:
         raise ValueError("no record (an empty file)")
-    return _process(path, record, info, (pid, started), host)
-
-
-def _read_live(
-    dir_fd: int,
-    name: str,
-    path: str,
-    pid: int,
-    started: int,
-    host: frozenset[int],
-    seen: set[tuple[int, int]],
-    patience: files.Patience,
-) -> Record:
-    """:func:`_read_process` for a live process, once per process."""
-    if (pid, started) in seen:
-        raise ValueError(f"a second record of pid {pid}")
-    record = _read_process(dir_fd, name, path, pid, started, host, patience)
-    seen.add((pid, started))
-    return record
+    counted = _process(path, record, info, (pid, started), host)
+    if seen is not None:
+        seen.add((pid, started))
+    return counted
 
 
 def parent_pinned_to(cpus: frozenset[int]) -> bool:
