@@ -113,14 +113,10 @@ READS = 200
 PATIENCE_S = 1.0
 
 
-class Patience:
-    """What is left of one reading's :data:`PATIENCE_S`, shared by the
-    files it decodes."""
-
-    __slots__ = ("until",)
-
-    def __init__(self, seconds: float = PATIENCE_S) -> None:
-        self.until = time.monotonic() + seconds
+def patience_ends() -> float:
+    """When a reading that starts now has waited :data:`PATIENCE_S` for torn
+    records (:func:`time.monotonic`): the ``until`` its files share."""
+    return time.monotonic() + PATIENCE_S
 
 
 #: The first pause between two equal torn reads, doubled up to :data:`PAUSE_MAX_S`.
@@ -128,7 +124,7 @@ PAUSE_S = 5e-5
 PAUSE_MAX_S = 0.01
 
 
-def decode_file(fd: int, patience: Patience | None = None) -> dict[str, object] | None:
+def decode_file(fd: int, until: float | None = None) -> dict[str, object] | None:
     """The record in the file open at ``fd`` (closed after); ``None`` when it
     holds none yet. A read that races a writer's store mixes two records at
     any byte: a bad checksum, or a last line that is no checksum at all. So a
@@ -137,8 +133,9 @@ def decode_file(fd: int, patience: Patience | None = None) -> dict[str, object] 
     that doubles while they stand still (a writer preempted mid-store needs
     the CPU the pause gives it). It is refused when they have stood still
     for :data:`STILL_S` seconds or after :data:`READS` reads: a damaged file
-    costs a reader that long, once. Whole bytes (their checksum matches)
-    whose content is refused are refused at once."""
+    costs a reader that long, once; at the second equal read once the
+    reading's ``until`` (:func:`patience_ends`) has passed. Whole bytes
+    (their checksum matches) whose content is refused are refused at once."""
     previous = None
     since = 0.0
     pause = PAUSE_S
@@ -156,7 +153,7 @@ def decode_file(fd: int, patience: Patience | None = None) -> dict[str, object] 
                 if raw != previous:
                     previous, since, pause = raw, now, PAUSE_S
                     continue
-                if now - since >= STILL_S or (patience is not None and now >= patience.until):
+                if now - since >= STILL_S or (until is not None and now >= until):
                     raise
                 time.sleep(pause)
                 pause = min(pause * 2, PAUSE_MAX_S)

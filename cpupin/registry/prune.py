@@ -12,10 +12,10 @@ import time
 from cpupin.host._proc import exited
 from cpupin.registry._files import (
     PROC_NAME,
-    Patience,
     decode_file,
     gone_because,
     open_record,
+    patience_ends,
 )
 from cpupin.registry._record import MAX_RECORDS, lock_dir, open_lock_dir
 
@@ -77,7 +77,7 @@ def prune_members(
 def _members(dir_fd: int, server: tuple[int, int]) -> list[tuple[str, int, int]]:
     """The records this user owns that name ``server``: (name, pid, start)."""
     out = []
-    patience = Patience()
+    until = patience_ends()
     for count, name in enumerate(os.listdir(dir_fd)):
         if count >= MAX_RECORDS:
             break
@@ -90,7 +90,7 @@ def _members(dir_fd: int, server: tuple[int, int]) -> list[tuple[str, int, int]]
             if info.st_uid != os.geteuid():
                 os.close(fd)
                 continue
-            record = decode_file(fd, patience)
+            record = decode_file(fd, until)
         except (OSError, ValueError):
             continue
         if record is not None and record.get("server") == list(server):

@@ -378,13 +378,13 @@ def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> 
     # What is worth opening, each with its reader: held lock files, then the
     # records of live processes. The rest is stale, judged without a read.
     reads: list[tuple[str, Callable[[], Record | None]]] = []
-    patience = files.Patience()  # for torn records, shared by every file read
+    until = files.patience_ends()  # for torn records, shared by every file read
     for name, info in sorted(gpus):
         path = os.path.join(where, name)
         key = (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino)
         holder = None if holders is None else holders.get(key)
         if holder is not None:
-            read = functools.partial(_read_server, dir_fd, name, path, holder, info, host, patience)
+            read = functools.partial(_read_server, dir_fd, name, path, holder, info, host, until)
             reads.append((path, read))
         elif info.st_size and stat.S_ISREG(info.st_mode):
             why = "nobody holds its lock" if holders is not None else "/proc/locks unreadable"
@@ -395,7 +395,7 @@ def _scan(registry: Registry, dir_fd: int, where: str, host: frozenset[int]) -> 
         why = files.gone_because(pid, started)
         if not why:
             live = functools.partial(
-                _read_process, dir_fd, name, path, pid, started, host, patience, seen
+                _read_process, dir_fd, name, path, pid, started, host, until, seen
             )
             reads.append((path, live))
             continue
@@ -424,11 +424,11 @@ def _read_server(
     holder: int,
     info: os.stat_result,
     host: frozenset[int],
-    patience: files.Patience,
+    until: float,
 ) -> Record | None:
     """A held lock file's record; ``None`` when its holder wrote none (yet)."""
     fd, now = files.open_owned(dir_fd, name, holder, info)
-    record = files.decode_file(fd, patience)
+    record = files.decode_file(fd, until)
     return None if record is None else _server(path, record, now, holder, host)
 
 
@@ -439,7 +439,7 @@ def _read_process(
     pid: int,
     started: int,
     host: frozenset[int],
-    patience: files.Patience | None = None,
+    until: float | None = None,
     seen: set[tuple[int, int]] | None = None,
 ) -> Record:
     """A process record, read only when its owner is the uid ``pid`` runs as,
@@ -448,7 +448,7 @@ def _read_process(
     if seen is not None and (pid, started) in seen:
         raise ValueError(f"a second record of pid {pid}")
     fd, info = files.open_owned(dir_fd, name, pid)
-    record = files.decode_file(fd, patience)
+    record = files.decode_file(fd, until)
     if record is None:
         raise ValueError("no record (an empty file)")
     counted = _process(path, record, info, (pid, started), host)

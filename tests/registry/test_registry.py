@@ -531,7 +531,7 @@ def test_a_writer_preempted_mid_store_is_waited_for(monkeypatch):
     from cpupin.registry._record import VERSION, frame
 
     good = frame(json.dumps({"version": VERSION, "pid": 1}).encode(), 4096)
-    torn = b'{"version": 9' + good[13:]  # a new head, its store not ended
+    torn = good.replace(b'"pid": 1', b'"pid": 2', 1)  # a new head, the old checksum
     stalled = 8
     reads = iter([torn] * stalled + [good])
     clock = FakeClock()
