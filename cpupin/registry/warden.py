@@ -5,9 +5,9 @@ is journaled before its write (:mod:`cpupin.registry.holds`), and whoever
 takes the journal's lock next (a hold, a release, ``cpupin ps --prune``)
 puts back what a dead holder left. On a host where nothing takes that lock
 again, that next time may never come. So a process's first sysfs hold on a
-root starts a warden: ``python -m cpupin.registry.warden``, in a session of
-its own (the terminal's signals that end the holder do not reach it). It
-waits, writing nothing, for one of two things:
+root starts a warden: a Python started isolated (``-I``) on :func:`run`,
+in a session of its own (the terminal's signals that end the holder do not
+reach it). It waits, writing nothing, for one of two things:
 
 - the holder ends, however it ends (``SIGKILL``, the OOM killer, a crash):
   a pidfd says so exactly, opened and checked against the holder's start
@@ -223,7 +223,10 @@ def main(argv: list[str]) -> int:
 
         lines = settle_root(root, where)
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
-        lines = [f"the wake journal of {root} was not settled: {exc!r}"]
+        from cpupin.registry._files import reason
+
+        why = reason(exc) or type(exc).__name__
+        lines = [f"the wake journal of {root} was not settled: {why}"]
     try:
         for line in lines:
             print(f"cpupin warden: {line}", file=sys.stderr)
