@@ -265,10 +265,28 @@ def _want(cpus: frozenset[int]) -> Any:
 
 def enter_thread(cpus: frozenset[int], name: bytes | None) -> int:
     """A new thread's first call: onto ``cpus`` unless there already, then
-    (``name`` not ``None``, made by :func:`thread_name_bytes`) named in the
-    kernel, in one native call: 1 moved, 0 already there, or ``-errno``
-    (nothing named: the caller takes the slow way)."""
-    return int(lib.cpupin_thread_enter(_want(cpus), ffi.NULL if name is None else name))
+    (``name`` not ``None``: the thread's name in UTF-8, cut in C as
+    :func:`thread_name_bytes` cuts it) named in the kernel, in one native
+    call: 1 moved, 0 already there, or ``-errno`` (nothing named: the
+    caller takes the slow way)."""
+    want = _wanted.get(cpus)
+    if want is None:
+        want = _want(cpus)
+    if name is None:
+        return int(lib.cpupin_thread_enter(want, ffi.NULL, 0))
+    return int(lib.cpupin_thread_enter(want, name, len(name)))
+
+
+def mask_words(cpus: frozenset[int]) -> Any:
+    """``cpus`` as the words the C calls take (one object kept per mask,
+    for :data:`enter_thread_words`)."""
+    return _want(cpus)
+
+
+#: :func:`enter_thread`'s C call, for a new thread that must make no
+#: Python call before it: (:func:`mask_words`, the name in UTF-8, its
+#: length in bytes).
+enter_thread_words = lib.cpupin_thread_enter
 
 
 def on_mask(cpus: frozenset[int]) -> bool:
@@ -794,6 +812,15 @@ def thread_name_bytes(name: str) -> bytes:
         return name.encode()
     raw = name.encode("utf-8", "replace")[:THREAD_NAME_BYTES]
     return raw.decode("utf-8", "ignore").encode("utf-8").replace(b"\0", b"?")
+
+
+def thread_name_cut(raw: bytes) -> bytes:
+    """The kernel name C makes of ``raw``, a name in UTF-8 (what
+    :func:`enter_thread` names a thread): :func:`thread_name_bytes`'s cut,
+    made without Python's codecs."""
+    out = ffi.new("char[16]")
+    n = lib.cpupin_thread_name_cut(raw, len(raw), out)
+    return bytes(ffi.buffer(out, n))
 
 
 #: The C call that names the calling thread, for bytes made by

@@ -67,6 +67,26 @@ int cpupin_holds_gil(void)
 #endif
 }
 
+/* --- thread names ------------------------------------------------------------ */
+
+/* The kernel name of a thread named name[0..len) in UTF-8: its first 15
+ * bytes at most, cut before a character that would not fit whole, each NUL
+ * as '?', into out (16 bytes, NUL-terminated). Returns its length. The
+ * same bytes as cpupin._native.thread_name_bytes makes of a name that
+ * encodes as strict UTF-8. */
+int cpupin_thread_name_cut(const char *name, size_t len, char *out)
+{
+    size_t n = len < 15 ? len : 15;
+
+    if (len > 15)
+        while (n > 0 && ((unsigned char)name[n] & 0xC0) == 0x80)
+            n--;
+    for (size_t i = 0; i < n; i++)
+        out[i] = name[i] == '\0' ? '?' : name[i];
+    out[n] = '\0';
+    return (int)n;
+}
+
 #if CPUPIN_HAVE_AFFINITY
 
 /* --- affinity --------------------------------------------------------------- */
@@ -228,13 +248,18 @@ int cpupin_swap_mask(const uint64_t *want, uint64_t *old)
 }
 
 /* A new thread's first call: onto the mask want[1...] (want[0] words)
- * unless it is there already, then (name not NULL) its kernel name. One
- * call and one buffer instead of three calls. Returns 1 when it moved, 0
- * when it was there, or -errno (nothing named then: the caller takes the
- * slow way). The kernel keeps what its cpuset and online CPUs allow of a
- * mask: less than asked is -EINVAL, the caller's slow way too (it warns). */
-int cpupin_thread_enter(const uint64_t *want, const char *name)
+ * unless it is there already, then (name not NULL) its kernel name, cut
+ * from the len bytes of its UTF-8 name as cpupin_thread_name_cut cuts.
+ * One call and one buffer instead of three calls, and no Python string
+ * work in the creator or the new thread: run cold, in a loop of starts,
+ * such work costs ten times what it costs warm (bench/threads.py
+ * --parts). Returns 1 when it moved, 0 when it was there, or -errno
+ * (nothing named then: the caller takes the slow way). The kernel keeps
+ * what its cpuset and online CPUs allow of a mask: less than asked is
+ * -EINVAL, the caller's slow way too (it warns). */
+int cpupin_thread_enter(const uint64_t *want, const char *name, size_t len)
 {
+    char comm[16];
     uint64_t stack[2 + STACK_WORDS];
     size_t bytes = (size_t)want[0] * 8;
     uint64_t *io = want[0] <= STACK_WORDS ? stack : malloc(2 * 8 + bytes);
@@ -253,8 +278,10 @@ int cpupin_thread_enter(const uint64_t *want, const char *name)
     }
     if (io != stack)
         free(io);
-    if (rc >= 0 && name != NULL)
-        prctl(PR_SET_NAME, (unsigned long)name, 0UL, 0UL, 0UL);
+    if (rc >= 0 && name != NULL) {
+        cpupin_thread_name_cut(name, len, comm);
+        prctl(PR_SET_NAME, (unsigned long)comm, 0UL, 0UL, 0UL);
+    }
     return rc;
 }
 
@@ -1176,7 +1203,7 @@ int cpupin_swap_mask(const uint64_t *want, uint64_t *old) { return -ENOSYS; }
 int cpupin_map_shared(int fd, size_t length, void **addr) { return -ENOSYS; }
 int cpupin_unmap(void *addr, size_t length) { return -ENOSYS; }
 int cpupin_mask_is(const uint64_t *want) { return -ENOSYS; }
-int cpupin_thread_enter(const uint64_t *want, const char *name) { return -ENOSYS; }
+int cpupin_thread_enter(const uint64_t *want, const char *name, size_t len) { return -ENOSYS; }
 int cpupin_handoff(int cpu_a, int cpu_b, int rounds, int warmup, int idle_us, int spin,
                    uint64_t *rtt, uint64_t *wake)
 {

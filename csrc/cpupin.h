@@ -32,8 +32,12 @@ int cpupin_swap_mask(const uint64_t *want, uint64_t *old);
  * or -errno. Needs no buffer of the caller's: a new thread's first check. */
 int cpupin_mask_is(const uint64_t *want);
 /* A new thread's first call: onto the mask want[1...] unless there, then
- * (name not NULL) named. 1 moved, 0 already there, or -errno. */
-int cpupin_thread_enter(const uint64_t *want, const char *name);
+ * (name not NULL) named from the len bytes of its UTF-8 name, cut as
+ * cpupin_thread_name_cut cuts. 1 moved, 0 already there, or -errno. */
+int cpupin_thread_enter(const uint64_t *want, const char *name, size_t len);
+/* A thread's kernel name from its UTF-8 name: at most 15 bytes, cut on a
+ * character, NUL as '?', into out (16 bytes). Returns its length. */
+int cpupin_thread_name_cut(const char *name, size_t len, char *out);
 
 /* One task's /proc/<pid>/task/<tid>/schedstat; tid 0 is the calling thread. */
 int cpupin_schedstat(int pid, int tid, unsigned long long *out3);

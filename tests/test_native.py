@@ -441,15 +441,26 @@ def test_process_cpus_is_the_main_threads_mask_at_import(two_cpus):
 
 def test_set_process_cpus_overrides_and_validates():
     saved = cpupin.process_cpus()
+
+    def new_thread_mask():
+        box = []
+        t = cpupin.Thread(target=lambda: box.append(os.sched_getaffinity(0)))
+        t.start()
+        t.join()
+        return box[0]
+
     try:
         assert cpupin.set_process_cpus("0") == {0}
         assert cpupin.process_cpus() == {0}
+        assert new_thread_mask() == {0}  # the words a new thread takes moved too
         for bad, says in ((set(), "empty"), ({100000}, "100000"), ([True], "True")):
             with pytest.raises(ValueError, match=says):
                 cpupin.set_process_cpus(bad)
         assert cpupin.process_cpus() == {0}
+        assert new_thread_mask() == {0}
     finally:
         cpupin.set_process_cpus(saved)
+    assert new_thread_mask() == saved
 
 
 def test_raise_oserror_picks_the_subclass_and_names_the_thread():

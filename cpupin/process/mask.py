@@ -100,6 +100,20 @@ def _inherit() -> frozenset[int] | None:
 _process_cpus: frozenset[int] | None = _inherit() or _record()
 
 
+def _words_of(cpus: frozenset[int] | None) -> object:
+    try:
+        return None if cpus is None else _native.mask_words(cpus)
+    except ValueError:  # a CPU of it went offline: new threads take the checked way
+        return None
+
+
+#: The process mask as the words C takes (:func:`cpupin._native.mask_words`),
+#: kept beside it: a new ``cpupin.Thread``'s one C call reads it without a
+#: Python call. ``None`` while there is none (new threads then take the
+#: checked way).
+process_words: object = _words_of(_process_cpus)
+
+
 # This process's registered pins (tid to CPUs): cpupin.threads.pins, which keeps
 # them, installs its reader here, so that the modules that size pools read
 # them without importing it (it imports them).
@@ -145,9 +159,10 @@ def set_process_cpus(cpus: Iterable[int] | str) -> frozenset[int]:
             f"{cpus_phrase(wanted - online, 'is')} not online: the online CPUs are "
             f"{format_cpulist(online)}"
         )
-    global _process_cpus
+    global _process_cpus, process_words
     with _lock:
         _process_cpus = wanted
+        process_words = _words_of(wanted)
     from cpupin.registry.writer import describe_process
 
     describe_process(mask=wanted)  # so that the outside view agrees

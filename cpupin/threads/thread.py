@@ -21,6 +21,7 @@ from _thread import get_ident
 from collections.abc import Callable
 
 from cpupin import _native
+from cpupin.process import mask as _mask
 from cpupin.process.mask import process_cpus, to_process_mask
 from cpupin.registry import writer as registry
 
@@ -47,39 +48,40 @@ class Thread(threading.Thread):
     after the process. :class:`ThreadPool` workers are named the same way,
     from ``thread_name_prefix``.
 
-    How: a thread starts with its creator's mask, so :meth:`start` reads
-    the creator's (warm, one C call) and the new thread, first thing in
-    CPython's ``_bootstrap_inner``, moves only when that mask was not the
-    process mask, and names itself (one C call either way). Where Python
-    has no ``_bootstrap_inner``, ``run`` is wrapped instead. (A creator
-    whose mask another thread changes between its ``start()`` and the new
-    thread's birth, a window of microseconds, hands over the old answer.)
+    How: first thing in CPython's ``_bootstrap_inner``, the new thread
+    makes one C call that reads its mask (its creator's), moves onto the
+    process mask only when it is not there, and names itself. :meth:`start`
+    encodes the name in UTF-8 (C cuts it for the kernel), and the process
+    mask waits as C's words beside :func:`~cpupin.process_cpus`. Where
+    Python has no ``_bootstrap_inner``, ``run`` is wrapped instead.
     """
 
-    _moves_to_mask = True
     _kernel_name: bytes | None = None
 
     def start(self) -> None:
         if not _BOOTSTRAP:
             self._start_wrapped()
             return
-        # Everything the new thread needs is made here, in the warm creator:
-        # whether it must move, and its name as the kernel takes it.
-        try:
-            self._moves_to_mask = not _native.on_mask(process_cpus())
-            self._kernel_name = _kernel_name_of(self.name)
-        except Exception:  # noqa: BLE001 - the new thread then takes the slow, checked way
-            self._moves_to_mask = True
+        # In a loop of starts, every line here and in the new thread runs
+        # cold, at about ten times its warm cost, and Python in the new
+        # thread before its start event costs most (bench/threads.py
+        # --parts): the new thread makes one C call and calls no Python function.
+        if _NAME_THREADS:
+            name: str = self._name  # type: ignore[attr-defined] # what .name returns
+            try:
+                self._kernel_name = name.encode()
+            except UnicodeEncodeError:  # a lone surrogate: cut the slow way
+                self._kernel_name = _native.thread_name_bytes(name)
         super().start()
         registry.threads_changed()  # a process with a record names it there
 
     def _bootstrap_inner(self) -> None:
         try:
-            if self._moves_to_mask:
-                _enter(self._kernel_name)
-            elif self._kernel_name is not None:
-                _set_name(self._kernel_name)
-            _apply_limits()
+            name, words = self._kernel_name, _mask.process_words
+            if name is None or words is None or _enter_words(words, name, len(name)) < 0:
+                _enter(name)
+            if _LIMITS in _modules:
+                _apply_limits()
         except Exception:  # noqa: BLE001 - never keep start() waiting for a thread that died
             pass
         super()._bootstrap_inner()  # type: ignore[misc]
@@ -116,8 +118,6 @@ class Thread(threading.Thread):
             raise
 
 
-_set_name = _native.set_thread_name_bytes
-
 #: Whether this Python's Thread has ``_bootstrap_inner`` (CPython 3.10-3.14
 #: do), where the new thread's first step goes; else ``run`` is wrapped.
 _BOOTSTRAP = hasattr(threading.Thread, "_bootstrap_inner")
@@ -125,6 +125,12 @@ _BOOTSTRAP = hasattr(threading.Thread, "_bootstrap_inner")
 
 #: Whether cpupin names its threads in the kernel: CPython does from 3.14 on.
 _NAME_THREADS = sys.version_info < (3, 14)
+
+#: The C call of :func:`cpupin._native.enter_thread`, which a new thread
+#: makes directly: (the mask's words, its name in UTF-8, the name's length).
+_enter_words = _native.enter_thread_words
+_modules = sys.modules
+_LIMITS = "cpupin.pools.limits"
 
 
 def _kernel_name_of(name: str) -> bytes | None:
@@ -136,14 +142,15 @@ def _apply_limits() -> None:
     """The OpenMP limits :func:`cpupin.limit_pools` set, applied in this new
     thread: OpenMP keeps them per thread. Nothing unless ``limit_pools``
     ran (its module is loaded only then, so ``import cpupin`` stays small)."""
-    limits = sys.modules.get("cpupin.pools.limits")
+    limits = sys.modules.get(_LIMITS)
     if limits is not None:
         limits.apply_thread_limits()  # returns at once when no limit was set
 
 
 def _enter(kernel_name: bytes | None) -> None:
-    """A new thread's first step: onto the process mask and named, in one
-    native call; the slow way when the kernel refuses the mask."""
+    """A new thread's first step: onto the process mask and named (from its
+    name in UTF-8, cut in C), in one native call; the slow way when the
+    kernel refuses the mask."""
     try:
         rc = _native.enter_thread(process_cpus(), kernel_name)
     except ValueError:  # a CPU of the process mask is no longer online
@@ -151,7 +158,7 @@ def _enter(kernel_name: bytes | None) -> None:
     if rc < 0:
         to_process_mask()
         if kernel_name is not None:
-            _set_name(kernel_name)
+            _native.set_thread_name_bytes(_native.thread_name_cut(kernel_name))
 
 
 class _Initializer:

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cpupin
+from cpupin import _native
 from cpupin.threads import thread as cpupin_threads
 from tests.support.helpers import interruptible, proc_comm, strays_now
 
@@ -611,6 +612,44 @@ def test_a_thread_names_itself_in_proc_while_it_runs():
     finally:
         done.set()
         t.join()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(max_size=24) | st.text(st.characters(codec="utf-8"), min_size=12, max_size=20))
+def test_the_name_cut_in_c_is_the_one_python_makes(name):
+    # The oracle is the Python cut that named threads before: 15 bytes at
+    # most, on a character boundary, NUL as "?". A name that is not strict
+    # UTF-8 (a lone surrogate) never reaches C: the creator cuts it itself.
+    try:
+        raw = name.encode()
+    except UnicodeEncodeError:
+        raw = _native.thread_name_bytes(name)
+    assert _native.thread_name_cut(raw) == _native.thread_name_bytes(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x" * 15,
+        "x" * 16,
+        "engine-\0-core",
+        "encoder-" + "\U0001f600" * 3,  # a 4-byte character across byte 15
+        "decoder-\ud800-lone",  # a lone surrogate: cut the slow way
+        "x" * 13 + "\u00e9",  # 15 bytes, a 2-byte character last
+        "x" * 14 + "\u00e9",  # 16 bytes: the character goes whole
+    ],
+)
+def test_a_thread_carries_the_cut_name_in_the_kernel(name):
+    box = []
+
+    def body():
+        box.append(proc_comm(threading.get_native_id()))
+
+    t = cpupin.Thread(target=body, name=name)
+    t.start()
+    t.join()
+    assert box == [_native.thread_name_bytes(name).decode()]
+    assert len(box[0].encode()) <= 15
 
 
 def test_pins_name_the_thread_when_asked_and_never_the_main_thread_by_default():
