@@ -285,8 +285,10 @@ def mask_words(cpus: frozenset[int]) -> Any:
 
 #: :func:`enter_thread`'s C call, for a new thread that must make no
 #: Python call before it: (:func:`mask_words`, the name in UTF-8, its
-#: length in bytes).
+#: length in bytes), or (:func:`mask_words`, :data:`NO_NAME`, 0) to leave
+#: the name alone.
 enter_thread_words = lib.cpupin_thread_enter
+NO_NAME = ffi.NULL
 
 
 def on_mask(cpus: frozenset[int]) -> bool:

@@ -78,7 +78,13 @@ class Thread(threading.Thread):
     def _bootstrap_inner(self) -> None:
         try:
             name, words = self._kernel_name, _mask.process_words
-            if name is None or words is None or _enter_words(words, name, len(name)) < 0:
+            if words is None:  # no mask as C's words: the checked way
+                rc = -1
+            elif name is None:  # Python names the thread (3.14 on)
+                rc = _enter_words(words, _NO_NAME, 0)
+            else:
+                rc = _enter_words(words, name, len(name))
+            if rc < 0:
                 _enter(name)
             if _LIMITS in _modules:
                 _apply_limits()
@@ -129,6 +135,7 @@ _NAME_THREADS = sys.version_info < (3, 14)
 #: The C call of :func:`cpupin._native.enter_thread`, which a new thread
 #: makes directly: (the mask's words, its name in UTF-8, the name's length).
 _enter_words = _native.enter_thread_words
+_NO_NAME = _native.NO_NAME
 _modules = sys.modules
 _LIMITS = "cpupin.pools.limits"
 

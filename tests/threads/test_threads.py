@@ -117,6 +117,29 @@ def test_every_kind_of_run_starts_on_the_process_mask(pinned_creator, start_path
     )
 
 
+@pytest.mark.parametrize("cpupin_names", [True, False], ids=["cpupin names", "Python names"])
+def test_a_thread_moves_whoever_names_it(pinned_creator, start_path, monkeypatch, cpupin_names):
+    # From 3.14 CPython names its threads and cpupin leaves the name alone:
+    # the one C call then moves the thread without naming it.
+    monkeypatch.setattr(cpupin_threads, "_NAME_THREADS", cpupin_names)
+
+    def start():
+        seen = {}
+
+        def body():
+            seen["mask"] = os.sched_getaffinity(0)
+            seen["comm"] = proc_comm(threading.get_native_id())
+
+        t = cpupin.Thread(target=body, name="named-by-cpupin")
+        t.start()
+        t.join()
+        return seen, proc_comm(threading.get_native_id())
+
+    seen, creator = pinned_creator(start)
+    assert seen["mask"] == cpupin.process_cpus()
+    assert seen["comm"] == ("named-by-cpupin" if cpupin_names else creator)
+
+
 def test_a_direct_run_call_stays_on_the_callers_mask(pinned_creator, start_path):
     def direct():
         seen = {}
