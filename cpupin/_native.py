@@ -269,9 +269,7 @@ def enter_thread(cpus: frozenset[int], name: bytes | None) -> int:
     :func:`thread_name_bytes` cuts it) named in the kernel, in one native
     call: 1 moved, 0 already there, or ``-errno`` (nothing named: the
     caller takes the slow way)."""
-    want = _wanted.get(cpus)
-    if want is None:
-        want = _want(cpus)
+    want = _want(cpus)
     if name is None:
         return int(lib.cpupin_thread_enter(want, ffi.NULL, 0))
     return int(lib.cpupin_thread_enter(want, name, len(name)))
