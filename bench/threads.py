@@ -4,8 +4,8 @@ Start+join of ``cpupin.Thread`` against ``threading.Thread``, one start at
 a time, the cases in a new random order for each start (``--starts`` of
 each), with ``threading.Thread`` in twice: the second is the control, and
 its ratio to the first says how far the figures can be trusted (rounds of
-thousands of starts a case drifted by up to 16% against themselves on a
-2-vCPU VM; one start at a time, by 0.2%). Then a warm
+1,000 starts a case drifted by up to 16% against themselves on a 2-vCPU
+VM; one start at a time, by 0.5% at most). Then a warm
 ``submit().result()`` on ``cpupin.ThreadPool`` against
 ``ThreadPoolExecutor``, paired in rounds; medians and ratios. ``--cpu0``
 pins the process to CPU 0 first (as ``taskset -c 0`` would): on two CPUs a
